@@ -1,0 +1,84 @@
+"""One typed configuration object, read once from the environment.
+
+Every knob of the platform lives here so that a deployment changes behaviour with environment
+variables (``GSAGE_<FIELD>``, upper case) and never by editing code. Defaults run on a laptop
+with no Redis: L1 cache + the memory-mapped graph snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, get_type_hints
+
+ENV_PREFIX = "GSAGE_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # Model store tags the runners load.
+    snapshot_tag: str = "graph-snapshot:latest"
+    model_tags: tuple[str, ...] = ("graphsage:latest",)
+
+    # Sampling: the maximum fanout per hop; a request may ask for less, never more.
+    fanout: tuple[int, ...] = (25, 10)
+    max_nodes_per_request: int = 1024
+
+    # L1: per-process LRU bounded in bytes, with TTL.
+    l1_bytes: int = 64 * 1024 * 1024
+    l1_ttl_s: float = 300.0
+    # L2: Redis. Empty URL = no L2. ``redis://host:port/0`` or ``redis+cluster://host:port``.
+    redis_url: str = ""
+    l2_ttl_s: int = 3600
+    l2_timeout_s: float = 0.05
+    l2_retry_backoff_s: float = 1.0
+    warm_nodes: int = 0
+    feature_transport_dtype: str = "float32"
+
+    # Model runner.
+    backend: str = "onnx"  # onnx | torch | tensorrt
+    intra_op_threads: int = 1
+    max_batch_targets: int = 256
+    max_batch_delay_ms: float = 2.0
+
+    # Gateway.
+    auth_enabled: bool = False
+    api_keys_file: str = ""
+    rate_limit_per_s: float = 0.0  # 0 = unlimited
+    rate_limit_burst: int = 100
+    routing_file: str = ""
+    runner_timeout_s: float = 2.0
+    breaker_failures: int = 5
+    breaker_reset_s: float = 2.0
+    grpc_port: int = 50051
+
+
+def _parse(raw: str, kind: Any) -> Any:
+    if kind is bool:
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if kind in (int, float, str):
+        return kind(raw)
+    item = kind.__args__[0]  # tuple[X, ...]
+    return tuple(item(p.strip()) for p in raw.split(",") if p.strip())
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Build Settings from defaults overridden by ``GSAGE_*`` environment variables."""
+    env = os.environ if env is None else env
+    hints = get_type_hints(Settings)
+    overrides = {}
+    for field in dataclasses.fields(Settings):
+        raw = env.get(ENV_PREFIX + field.name.upper())
+        if raw is not None:
+            try:
+                overrides[field.name] = _parse(raw, hints[field.name])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{ENV_PREFIX}{field.name.upper()}={raw!r}: {exc}") from exc
+    return Settings(**overrides)
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()

@@ -1,0 +1,107 @@
+"""Uniform neighbour sampling over a CSR adjacency, vectorised over a batch of nodes.
+
+The CSR is the precomputed neighbour list. For a node of degree ``d`` and fanout ``k``:
+``d <= k`` takes every neighbour; ``d > k`` draws ``k`` distinct offsets with Robert Floyd's
+algorithm (``k`` steps, each vectorised over the batch), so a hub's adjacency is never scanned.
+
+Randomness is counter-based: the draw for (seed, node, hop, step) is a hash, not the state of a
+generator. A node's sample therefore depends only on the request seed, never on which other nodes
+share the batch: merging concurrent requests leaves every request's neighbourhood unchanged, and
+the same ids, fanout and seed always give the same neighbourhood.
+
+Output (``sample_tree``): one array per hop, ``[B]``, ``[B, k1]``, ``[B, k1, k2]`` ..., node ids
+as int64 with ``-1`` as padding; in every row the real neighbours come first.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+import numpy as np
+
+PAD = -1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_NODE_MUL = np.uint64(0xD6E8FEB86659FD93)
+_STEP_MUL = np.uint64(0xA0761D6478BD642F)
+
+
+def random_seed() -> int:
+    return secrets.randbits(63)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _uniform(seed: int, nodes: np.ndarray, hop: int, step: int) -> np.ndarray:
+    """A float in [0, 1) per node, a pure function of (seed, node, hop, step)."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.full(nodes.shape, seed & 0x7FFF_FFFF_FFFF_FFFF, dtype=np.uint64))
+        key ^= nodes.astype(np.uint64) * _NODE_MUL
+        key ^= np.uint64(hop * 1_000_003 + step + 1) * _STEP_MUL
+        bits = _splitmix64(key) >> np.uint64(11)
+    return bits.astype(np.float64) * (1.0 / (1 << 53))
+
+
+def sample_neighbours(
+    indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, fanout: int, seed: int, hop: int = 0
+) -> np.ndarray:
+    """Sample up to ``fanout`` distinct neighbours of each node; ``[len(nodes), fanout]`` int64.
+
+    ``nodes`` may hold ``PAD`` entries; their rows are all ``PAD``.
+    """
+    nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+    out = np.full((nodes.size, fanout), PAD, dtype=np.int64)
+    if nodes.size == 0 or fanout == 0:
+        return out
+    real = nodes >= 0
+    safe = np.where(real, nodes, 0)
+    start = indptr[safe].astype(np.int64)
+    deg = np.where(real, indptr[safe + 1] - start, 0)
+
+    take_all = (deg > 0) & (deg <= fanout)
+    if take_all.any():
+        rows = np.flatnonzero(take_all)
+        cols = np.arange(fanout)
+        valid = cols[None, :] < deg[rows, None]
+        pos = np.where(valid, start[rows, None] + cols[None, :], 0)
+        out[rows] = np.where(valid, indices[pos], PAD)
+
+    hubs = np.flatnonzero(deg > fanout)
+    if hubs.size:
+        out[hubs] = indices[start[hubs, None] + _floyd_offsets(deg[hubs], nodes[hubs], fanout, seed, hop)]
+    return out
+
+
+def _floyd_offsets(deg: np.ndarray, nodes: np.ndarray, k: int, seed: int, hop: int) -> np.ndarray:
+    """k distinct offsets in [0, deg) per row, uniform over k-subsets (Floyd's algorithm)."""
+    chosen = np.empty((deg.size, k), dtype=np.int64)
+    for step in range(k):
+        j = deg - k + step
+        t = (_uniform(seed, nodes, hop, step) * (j + 1)).astype(np.int64)
+        seen = (chosen[:, :step] == t[:, None]).any(axis=1)
+        chosen[:, step] = np.where(seen, j, t)
+    return chosen
+
+
+def sample_tree(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    targets: np.ndarray,
+    fanouts: Sequence[int],
+    seed: int | None = None,
+) -> list[np.ndarray]:
+    """Sample the multi-hop neighbourhood of ``targets``: ``[targets, hop1, hop2, ...]``."""
+    seed = random_seed() if seed is None else int(seed)
+    layers = [np.asarray(targets, dtype=np.int64).reshape(-1)]
+    for hop, k in enumerate(fanouts):
+        prev = layers[-1]
+        nxt = sample_neighbours(indptr, indices, prev.reshape(-1), int(k), seed, hop)
+        layers.append(nxt.reshape(prev.shape + (int(k),)))
+    return layers

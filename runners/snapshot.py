@@ -1,0 +1,147 @@
+"""Graph snapshots: CSR + features + labels + splits, versioned as ``graph-snapshot:<version>``.
+
+Layout inside the model-store directory (plain ``.npy`` files so that every reader can memory-map
+them without copying)::
+
+    indptr.npy    int64  [N+1]   CSR row pointers (neighbours of v: indices[indptr[v]:indptr[v+1]])
+    indices.npy   int32  [E]     neighbour ids
+    features.npy  float32 [N, F]
+    labels.npy    int64 [N] (multiclass) or uint8 [N, C] (multilabel)
+    train.npy / val.npy / test.npy   int64 node ids of each split
+
+Metadata (``bentoml models get``) holds counts, dims, degree statistics, task and source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+SNAPSHOT_MODEL_NAME = "graph-snapshot"
+ARRAYS = ("indptr", "indices", "features", "labels", "train", "val", "test")
+TASKS = ("multiclass", "multilabel")
+# Metadata recomputed from the arrays on every save; everything else in metadata is ``extra``.
+DERIVED_METADATA = frozenset({
+    "num_nodes", "num_edges", "feature_dim", "num_classes", "degree_mean", "degree_p50",
+    "degree_p99", "degree_max", "isolated_nodes", "split_sizes",
+})
+
+
+@dataclasses.dataclass
+class GraphSnapshot:
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    task: str = "multiclass"
+    source: str = "unknown"
+    tag: str = ""  # filled when loaded from / saved to the store
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        if self.task == "multilabel":
+            return int(self.labels.shape[1])
+        return int(self.labels.max()) + 1
+
+    def degrees(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    def validate(self) -> None:
+        """Raise ValueError if the arrays do not form a consistent snapshot."""
+        n = self.num_nodes
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.indptr[0] != 0 or self.indptr[-1] != self.num_edges:
+            raise ValueError("indptr must start at 0 and end at len(indices)")
+        if np.any(np.diff(self.indptr) < 0):
+            raise ValueError("indptr must be non-decreasing")
+        if self.num_edges and (self.indices.min() < 0 or self.indices.max() >= n):
+            raise ValueError("indices hold node ids outside [0, num_nodes)")
+        if self.features.shape[0] != n or self.features.ndim != 2:
+            raise ValueError(f"features must be [num_nodes={n}, F], got {self.features.shape}")
+        if self.labels.shape[0] != n:
+            raise ValueError(f"labels must have {n} rows, got {self.labels.shape[0]}")
+        for name in ("train", "val", "test"):
+            split = getattr(self, name)
+            if split.size and (split.min() < 0 or split.max() >= n):
+                raise ValueError(f"split {name!r} holds node ids outside [0, {n})")
+
+    def metadata(self) -> dict[str, Any]:
+        deg = self.degrees()
+        return {
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "feature_dim": self.feature_dim,
+            "num_classes": self.num_classes,
+            "task": self.task,
+            "source": self.source,
+            "degree_mean": float(deg.mean()) if deg.size else 0.0,
+            "degree_p50": float(np.percentile(deg, 50)) if deg.size else 0.0,
+            "degree_p99": float(np.percentile(deg, 99)) if deg.size else 0.0,
+            "degree_max": int(deg.max()) if deg.size else 0,
+            "isolated_nodes": int((deg == 0).sum()),
+            "split_sizes": {s: int(getattr(self, s).size) for s in ("train", "val", "test")},
+            **self.extra,
+        }
+
+
+def write_arrays(snapshot: GraphSnapshot, directory: str) -> None:
+    for name in ARRAYS:
+        np.save(os.path.join(directory, f"{name}.npy"), getattr(snapshot, name))
+
+
+def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
+    mode = "r" if mmap else None
+    return {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode) for name in ARRAYS}
+
+
+def save_snapshot(snapshot: GraphSnapshot, labels: dict[str, str] | None = None) -> str:
+    """Save to the BentoML model store as ``graph-snapshot:<auto version>``; returns the tag."""
+    import bentoml
+
+    snapshot.validate()
+    meta = snapshot.metadata()
+    with bentoml.models.create(
+        SNAPSHOT_MODEL_NAME,
+        labels={"task": snapshot.task, "source": snapshot.source[:60], **(labels or {})},
+        metadata=meta,
+    ) as model:
+        write_arrays(snapshot, model.path)
+    snapshot.tag = str(model.tag)
+    return snapshot.tag
+
+
+def load_snapshot(tag: str = f"{SNAPSHOT_MODEL_NAME}:latest", mmap: bool = True) -> GraphSnapshot:
+    """Load a snapshot from the model store; arrays are memory-mapped (no copy) by default."""
+    import bentoml
+
+    model = bentoml.models.get(tag)
+    meta = dict(model.info.metadata)
+    arrays = read_arrays(model.path, mmap=mmap)
+    known = {"task", "source"}
+    return GraphSnapshot(
+        **arrays,
+        task=meta.get("task", "multiclass"),
+        source=meta.get("source", "unknown"),
+        tag=str(model.tag),
+        extra={k: v for k, v in meta.items() if k not in known | DERIVED_METADATA},
+    )

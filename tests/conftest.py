@@ -1,0 +1,44 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def model_store(tmp_path, monkeypatch) -> Iterator[str]:
+    """An empty BentoML home (model store under ``<path>/models``) for one test; yields its path.
+
+    Setting ``BENTOML_HOME`` alone is not enough: BentoML resolves the home and the stores once
+    per process and caches them (simple_di singletons), so the providers are overridden too and
+    reset afterwards. The env var is still set for any subprocess a test starts.
+    """
+    from bentoml._internal.bento import BentoStore
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models import ModelStore
+
+    home = str(tmp_path / "bentoml")
+    dirs = {name: os.path.join(home, name) for name in ("models", "bentos", "envs", "tmp")}
+    for path in dirs.values():
+        os.makedirs(path)
+    monkeypatch.setenv("BENTOML_HOME", home)
+    c = BentoMLContainer
+    overrides = [
+        (c.bentoml_home, home),
+        (c.model_store_dir, dirs["models"]),
+        (c.model_store, ModelStore(dirs["models"])),
+        (c.bento_store_dir, dirs["bentos"]),
+        (c.bento_store, BentoStore(dirs["bentos"])),
+        (c.tmp_bento_store_dir, dirs["tmp"]),
+        (c.tmp_bento_store, BentoStore(dirs["tmp"])),
+        (c.env_store_dir, dirs["envs"]),
+    ]
+    # patch() restores whatever override was there before, so fixtures can nest.
+    with contextlib.ExitStack() as stack:
+        for provider, value in overrides:
+            stack.enter_context(provider.patch(value))
+        yield home

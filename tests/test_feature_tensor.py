@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode, padded_nbytes
+from runners.sampling import sample_tree
+from tests.graphs import small_graph
+
+
+def _tensor(dtype=np.float32):
+    g = small_graph()
+    tree = sample_tree(g.indptr, g.indices, np.arange(0, 300, 3), (25, 10), seed=9)
+    unique, index = compact(tree)
+    return g, tree, FeatureTensor(features=g.features[unique].astype(dtype), index=index, snapshot="graph-snapshot:x")
+
+
+def test_compact_reproduces_every_slot():
+    g, tree, ft = _tensor()
+    unique = np.unique(np.concatenate([t[t >= 0] for t in tree]))
+    for t, idx in zip(tree, ft.index):
+        assert ((t >= 0) == (idx >= 0)).all()
+        np.testing.assert_array_equal(unique[idx[idx >= 0]], t[t >= 0])
+    assert ft.nbytes() < padded_nbytes(tree, g.feature_dim) / 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_round_trip(dtype):
+    _, _, ft = _tensor(dtype)
+    back = decode(encode(ft))
+    assert back.snapshot == ft.snapshot and back.fanout == (25, 10)
+    np.testing.assert_array_equal(back.features, ft.features)
+    for a, b in zip(back.index, ft.index):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rejects_inconsistent_tensors():
+    _, _, ft = _tensor()
+    bad = FeatureTensor(features=ft.features[:3], index=ft.index)
+    with pytest.raises(FeatureTensorError, match="outside features"):
+        decode(encode(bad))
+    with pytest.raises(FeatureTensorError, match="magic"):
+        decode(b"nope" + encode(ft)[4:])
+    with pytest.raises(FeatureTensorError, match="trailing"):
+        decode(encode(ft) + b"\0")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_decoder_never_fails_otherwise_on_random_bytes(blob):
+    try:
+        decode(b"GSFT" + blob)
+    except FeatureTensorError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_decoder_survives_mutations(data):
+    _, _, ft = _tensor()
+    blob = bytearray(encode(ft))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, min(len(blob) - 1, 400)))
+        blob[pos] = data.draw(st.integers(0, 255))
+    try:
+        decode(bytes(blob))
+    except FeatureTensorError:
+        pass

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+from runners.sampling import PAD, sample_neighbours, sample_tree
+from tests.graphs import small_graph
+
+
+def _adjacency(g, v):
+    return g.indices[g.indptr[v] : g.indptr[v + 1]]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return small_graph()
+
+
+def test_samples_only_real_neighbours_without_repeats(graph):
+    nodes = np.arange(graph.num_nodes)
+    out = sample_neighbours(graph.indptr, graph.indices, nodes, 25, seed=3)
+    for v in range(0, graph.num_nodes, 7):
+        row = out[v]
+        real = row[row != PAD]
+        assert set(real.tolist()) <= set(_adjacency(graph, v).tolist())
+        assert len(set(real.tolist())) == real.size, "a neighbour was sampled twice"
+        assert real.size == min(25, _adjacency(graph, v).size)
+        assert (row[real.size :] == PAD).all(), "padding must follow the real neighbours"
+
+
+def test_takes_all_neighbours_when_degree_within_fanout(graph):
+    deg = graph.degrees()
+    low = np.flatnonzero((deg > 0) & (deg <= 10))[:200]
+    out = sample_neighbours(graph.indptr, graph.indices, low, 10, seed=1)
+    for v, row in zip(low, out):
+        assert sorted(row[row != PAD].tolist()) == sorted(_adjacency(graph, v).tolist())
+
+
+def test_uniform_over_many_draws_for_a_hub(graph):
+    hub = int(np.argmax(graph.degrees()))
+    nbrs = _adjacency(graph, hub)
+    k, draws = 10, 3000
+    counts = {int(n): 0 for n in nbrs}
+    for seed in range(draws):
+        for n in sample_neighbours(graph.indptr, graph.indices, np.array([hub]), k, seed=seed)[0]:
+            counts[int(n)] += 1
+    expected = draws * k / nbrs.size
+    observed = np.array(list(counts.values()), dtype=float)
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    dof = nbrs.size - 1
+    # chi-square with `dof` degrees of freedom: mean dof, sd sqrt(2 dof); 6 sd is a loose bound.
+    assert chi2 < dof + 6 * np.sqrt(2 * dof), (chi2, dof)
+
+
+def test_deterministic_by_seed_and_independent_of_batch(graph):
+    hubs = np.argsort(-graph.degrees())[:20]
+    a = sample_tree(graph.indptr, graph.indices, hubs, (25, 10), seed=42)
+    b = sample_tree(graph.indptr, graph.indices, hubs, (25, 10), seed=42)
+    c = sample_tree(graph.indptr, graph.indices, hubs, (25, 10), seed=43)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert any((x != y).any() for x, y in zip(a, c)), "another seed should change the sample of hubs"
+    # A node's neighbourhood does not depend on which other nodes share the batch.
+    alone = sample_tree(graph.indptr, graph.indices, hubs[3:4], (25, 10), seed=42)
+    for x, y in zip(alone, a):
+        np.testing.assert_array_equal(x[0], y[3])
+
+
+def test_tree_shapes_and_padding_propagates(graph):
+    isolated = np.flatnonzero(graph.degrees() == 0)[:2]
+    tree = sample_tree(graph.indptr, graph.indices, np.concatenate([isolated, [0, 1]]), (5, 3), seed=0)
+    assert [t.shape for t in tree] == [(4,), (4, 5), (4, 5, 3)]
+    assert (tree[1][: isolated.size] == PAD).all() and (tree[2][: isolated.size] == PAD).all()
+    assert ((tree[1] == PAD)[..., None] <= (tree[2] == PAD)).all(), "children of padding must be padding"

@@ -1,0 +1,3 @@
+from training_export.cli import main
+
+raise SystemExit(main())
