@@ -10,23 +10,17 @@ Layout (deduplicated, chosen by measurement over the padded tree, see ``bench/be
 A padded [25, 10] tree carries 276 feature rows per target although the demo graph's mean
 degree is 10; deduplication ships each distinct row once and padding only as 4-byte indices.
 
-Encoding: ``b"GSFT"`` + u32 header length + JSON header (snapshot tag, dtypes, shapes) + the raw
-array buffers, each 8-byte aligned. Decoding makes zero-copy views with ``np.frombuffer``.
+Encoding: ``runners.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import struct
 from collections.abc import Sequence
 
 import numpy as np
 
-MAGIC = b"GSFT"
-_ALIGN = 8
-_DTYPES = {"float32", "float16", "int32"}
-MAX_HEADER_BYTES = 64 * 1024
+from runners import wire
 
 
 class FeatureTensorError(ValueError):
@@ -91,63 +85,22 @@ def padded_nbytes(tree: Sequence[np.ndarray], feature_dim: int, itemsize: int = 
 
 
 def encode(ft: FeatureTensor) -> bytes:
-    arrays = [ft.features, *ft.index]
-    header = json.dumps(
-        {
-            "snapshot": ft.snapshot,
-            "arrays": [{"dtype": str(a.dtype), "shape": list(a.shape)} for a in arrays],
-        }
-    ).encode()
-    parts = [MAGIC, struct.pack("<I", len(header)), header]
-    offset = len(MAGIC) + 4 + len(header)
-    for a in arrays:
-        pad = -offset % _ALIGN
-        parts.append(b"\0" * pad)
-        data = np.ascontiguousarray(a).tobytes()
-        parts.append(data)
-        offset += pad + len(data)
-    return b"".join(parts)
+    arrays = {"features": ft.features, **{f"idx{d}": idx for d, idx in enumerate(ft.index)}}
+    return wire.pack(arrays, {"snapshot": ft.snapshot})
 
 
 def decode(blob: bytes | bytearray | memoryview) -> FeatureTensor:
     """Parse an encoded FeatureTensor; raises FeatureTensorError on anything malformed."""
-    view = memoryview(blob)
-    if len(view) < 8 or bytes(view[:4]) != MAGIC:
-        raise FeatureTensorError("not a FeatureTensor (bad magic)")
-    (hlen,) = struct.unpack("<I", view[4:8])
-    if hlen > MAX_HEADER_BYTES or 8 + hlen > len(view):
-        raise FeatureTensorError("header length out of range")
     try:
-        header = json.loads(bytes(view[8 : 8 + hlen]))
-        specs = header["arrays"]
-        snapshot = str(header.get("snapshot", ""))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise FeatureTensorError(f"bad header: {exc}") from exc
-    if not isinstance(specs, list) or len(specs) < 2:
-        raise FeatureTensorError("header must list features and at least one index array")
-    arrays, offset = [], 8 + hlen
-    for spec in specs:
-        arr, offset = _read_array(view, offset, spec)
-        arrays.append(arr)
-    if offset != len(view):
-        raise FeatureTensorError(f"{len(view) - offset} trailing bytes")
-    ft = FeatureTensor(features=arrays[0], index=arrays[1:], snapshot=snapshot)
-    if ft.features.dtype == np.int32 or any(a.dtype != np.int32 for a in ft.index):
+        meta, arrays = wire.unpack(blob)
+    except wire.WireError as exc:
+        raise FeatureTensorError(str(exc)) from exc
+    features = arrays.pop("features", None)
+    index = [arrays.pop(f"idx{d}") for d in range(len(arrays)) if f"idx{d}" in arrays]
+    if features is None or not index or arrays:
+        raise FeatureTensorError("expected arrays features, idx0, idx1, ... and nothing else")
+    if features.dtype.kind != "f" or any(a.dtype != np.int32 for a in index):
         raise FeatureTensorError("features must be float and index arrays int32")
+    ft = FeatureTensor(features=features, index=index, snapshot=str(meta.get("snapshot", "")))
     ft.validate()
     return ft
-
-
-def _read_array(view: memoryview, offset: int, spec: object) -> tuple[np.ndarray, int]:
-    if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES:
-        raise FeatureTensorError(f"array spec must name a dtype in {sorted(_DTYPES)}")
-    shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape) or len(shape) > 8:
-        raise FeatureTensorError(f"bad shape {shape!r}")
-    dtype = np.dtype(spec["dtype"])
-    offset += -offset % _ALIGN
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    end = offset + count * dtype.itemsize
-    if end > len(view):
-        raise FeatureTensorError("array data runs past the end of the message")
-    return np.frombuffer(view[offset:end], dtype=dtype).reshape(shape), end

@@ -39,10 +39,14 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _uniform(seed: int, nodes: np.ndarray, hop: int, step: int) -> np.ndarray:
+Seeds = int | np.ndarray  # one seed for all nodes, or one per node
+
+
+def _uniform(seed: Seeds, nodes: np.ndarray, hop: int, step: int) -> np.ndarray:
     """A float in [0, 1) per node, a pure function of (seed, node, hop, step)."""
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.full(nodes.shape, seed & 0x7FFF_FFFF_FFFF_FFFF, dtype=np.uint64))
+        seeds = np.broadcast_to(np.asarray(seed, dtype=np.int64) & 0x7FFF_FFFF_FFFF_FFFF, nodes.shape)
+        key = _splitmix64(seeds.astype(np.uint64))
         key ^= nodes.astype(np.uint64) * _NODE_MUL
         key ^= np.uint64(hop * 1_000_003 + step + 1) * _STEP_MUL
         bits = _splitmix64(key) >> np.uint64(11)
@@ -50,11 +54,12 @@ def _uniform(seed: int, nodes: np.ndarray, hop: int, step: int) -> np.ndarray:
 
 
 def sample_neighbours(
-    indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, fanout: int, seed: int, hop: int = 0
+    indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, fanout: int, seed: Seeds, hop: int = 0
 ) -> np.ndarray:
     """Sample up to ``fanout`` distinct neighbours of each node; ``[len(nodes), fanout]`` int64.
 
-    ``nodes`` may hold ``PAD`` entries; their rows are all ``PAD``.
+    ``nodes`` may hold ``PAD`` entries; their rows are all ``PAD``. ``seed``: an int, or an array
+    with one seed per node (requests with different seeds merged into one call).
     """
     nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
     out = np.full((nodes.size, fanout), PAD, dtype=np.int64)
@@ -75,11 +80,12 @@ def sample_neighbours(
 
     hubs = np.flatnonzero(deg > fanout)
     if hubs.size:
-        out[hubs] = indices[start[hubs, None] + _floyd_offsets(deg[hubs], nodes[hubs], fanout, seed, hop)]
+        hub_seeds = seed[hubs] if isinstance(seed, np.ndarray) else seed
+        out[hubs] = indices[start[hubs, None] + _floyd_offsets(deg[hubs], nodes[hubs], fanout, hub_seeds, hop)]
     return out
 
 
-def _floyd_offsets(deg: np.ndarray, nodes: np.ndarray, k: int, seed: int, hop: int) -> np.ndarray:
+def _floyd_offsets(deg: np.ndarray, nodes: np.ndarray, k: int, seed: Seeds, hop: int) -> np.ndarray:
     """k distinct offsets in [0, deg) per row, uniform over k-subsets (Floyd's algorithm)."""
     chosen = np.empty((deg.size, k), dtype=np.int64)
     for step in range(k):
@@ -95,13 +101,22 @@ def sample_tree(
     indices: np.ndarray,
     targets: np.ndarray,
     fanouts: Sequence[int],
-    seed: int | None = None,
+    seed: Seeds | None = None,
 ) -> list[np.ndarray]:
-    """Sample the multi-hop neighbourhood of ``targets``: ``[targets, hop1, hop2, ...]``."""
-    seed = random_seed() if seed is None else int(seed)
+    """Sample the multi-hop neighbourhood of ``targets``: ``[targets, hop1, hop2, ...]``.
+
+    ``seed``: None (random), an int, or one seed per target; a node sampled under a target
+    inherits that target's seed.
+    """
+    seed = random_seed() if seed is None else seed
     layers = [np.asarray(targets, dtype=np.int64).reshape(-1)]
+    per_target = np.asarray(seed, dtype=np.int64) if isinstance(seed, np.ndarray) else None
+    if per_target is not None and per_target.shape != layers[0].shape:
+        raise ValueError(f"need one seed per target: {per_target.shape} vs {layers[0].shape}")
     for hop, k in enumerate(fanouts):
         prev = layers[-1]
-        nxt = sample_neighbours(indptr, indices, prev.reshape(-1), int(k), seed, hop)
+        hop_seed = int(seed) if per_target is None else np.broadcast_to(
+            per_target.reshape((-1,) + (1,) * (prev.ndim - 1)), prev.shape).reshape(-1)
+        nxt = sample_neighbours(indptr, indices, prev.reshape(-1), int(k), hop_seed, hop)
         layers.append(nxt.reshape(prev.shape + (int(k),)))
     return layers

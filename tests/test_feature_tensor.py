@@ -48,7 +48,7 @@ def test_rejects_inconsistent_tensors():
 @given(st.binary(max_size=512))
 def test_decoder_never_fails_otherwise_on_random_bytes(blob):
     try:
-        decode(b"GSFT" + blob)
+        decode(b"GSW1" + blob)
     except FeatureTensorError:
         pass
 

@@ -70,3 +70,13 @@ def test_tree_shapes_and_padding_propagates(graph):
     assert [t.shape for t in tree] == [(4,), (4, 5), (4, 5, 3)]
     assert (tree[1][: isolated.size] == PAD).all() and (tree[2][: isolated.size] == PAD).all()
     assert ((tree[1] == PAD)[..., None] <= (tree[2] == PAD)).all(), "children of padding must be padding"
+
+
+def test_per_target_seeds_equal_separate_calls(graph):
+    hubs = np.argsort(-graph.degrees())[:6]
+    seeds = np.array([1, 1, 2, 3, 5, 8])
+    merged = sample_tree(graph.indptr, graph.indices, hubs, (25, 10), seed=seeds)
+    for i, (v, s) in enumerate(zip(hubs, seeds)):
+        alone = sample_tree(graph.indptr, graph.indices, np.array([v]), (25, 10), seed=int(s))
+        for x, y in zip(alone, merged):
+            np.testing.assert_array_equal(x[0], y[i])

@@ -1,0 +1,142 @@
+"""The GraphSAGERunner's core, without BentoML: loaded versions and batched forward passes.
+
+- ``ModelRegistry``: several ``graphsage:<version>`` loaded at once; hot-load (on an admin call,
+  on a routing change, or on the first request naming a stored version) and unload, no restart.
+- ``run_batch``: FeatureTensors of many requests become one tensor computation per version:
+  feature rows are concatenated, indices rebased, smaller fanouts padded up to the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from runners.backends import Backend, load_backend
+from runners.feature_tensor import FeatureTensor
+from runners.model_artifacts import ModelArtifacts, load_artifacts
+
+
+class UnknownVersion(LookupError):
+    """The model store has no such ``graphsage`` tag."""
+
+
+class IncompatibleInput(ValueError):
+    """A FeatureTensor that does not fit the version it names (feature dim, depth, fanout)."""
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    artifacts: ModelArtifacts
+    backend: Backend
+    loaded_at: float
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.artifacts.config
+        return {"tag": self.artifacts.tag, "backend": self.backend.name, "aggregator": cfg.aggregator,
+                "fanout": list(cfg.fanout), "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes,
+                "task": cfg.task, "graph_snapshot": self.artifacts.metadata.get("graph_snapshot"),
+                "loaded_at": self.loaded_at}
+
+
+@dataclasses.dataclass
+class InferenceItem:
+    model: str
+    tensor: FeatureTensor
+    want_embedding: bool = False
+
+
+class ModelRegistry:
+    def __init__(self, backend: str = "onnx", threads: int = 1) -> None:
+        self.backend_kind = backend
+        self.threads = threads
+        self._models: dict[str, LoadedModel] = {}
+        self._aliases: dict[str, str] = {}  # e.g. graphsage:latest -> graphsage:<v>
+        self._lock = threading.Lock()
+
+    def load(self, tag: str) -> LoadedModel:
+        """Load a version (idempotent); ``:latest`` resolves to the newest stored version."""
+        resolved = self._aliases.get(tag, tag)
+        if resolved in self._models:
+            return self._models[resolved]
+        with self._lock:
+            try:
+                artifacts = load_artifacts(tag)
+            except Exception as exc:  # bentoml raises NotFound / BentoMLException
+                raise UnknownVersion(f"model {tag!r} is not in the model store") from exc
+            if artifacts.tag not in self._models:
+                backend = load_backend(artifacts, self.backend_kind, self.threads)
+                self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())
+            if tag != artifacts.tag:
+                self._aliases[tag] = artifacts.tag
+            return self._models[artifacts.tag]
+
+    def unload(self, tag: str) -> bool:
+        with self._lock:
+            resolved = self._aliases.pop(tag, tag)
+            for alias in [a for a, t in self._aliases.items() if t == resolved]:
+                del self._aliases[alias]
+            return self._models.pop(resolved, None) is not None
+
+    def loaded(self) -> list[dict[str, Any]]:
+        return [m.describe() for m in list(self._models.values())]
+
+    def tags(self) -> set[str]:
+        return set(self._models)
+
+    def resolve(self, tag: str) -> LoadedModel:
+        return self.load(tag)
+
+
+def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
+    cfg = model.artifacts.config
+    if ft.feature_dim != cfg.in_dim:
+        raise IncompatibleInput(f"{model.artifacts.tag} expects {cfg.in_dim}-dim features, got {ft.feature_dim}")
+    if len(ft.fanout) != len(cfg.fanout):
+        raise IncompatibleInput(f"{model.artifacts.tag} has {len(cfg.fanout)} hops, the request sampled {len(ft.fanout)}")
+    if any(k > m for k, m in zip(ft.fanout, cfg.fanout)):
+        raise IncompatibleInput(f"{model.artifacts.tag} has fanout {list(cfg.fanout)}, the request sampled {list(ft.fanout)}")
+
+
+def _pad_index(idx: np.ndarray, fanout: tuple[int, ...]) -> np.ndarray:
+    widths = [(0, 0)] + [(0, m - k) for k, m in zip(idx.shape[1:], fanout)]
+    if all(w == (0, 0) for w in widths):
+        return idx
+    return np.pad(idx, widths, constant_values=-1)
+
+
+def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
+    """One batch: concatenated feature rows, rebased + padded indices, and each tensor's row span."""
+    features = np.concatenate([t.features for t in tensors]).astype(np.float32, copy=False)
+    offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
+    index = []
+    for depth in range(len(fanout) + 1):
+        parts = []
+        for t, off in zip(tensors, offsets):
+            idx = t.index[depth]
+            parts.append(_pad_index(np.where(idx >= 0, idx + np.int32(off), idx), fanout[:depth]))
+        index.append(np.concatenate(parts).astype(np.int32, copy=False))
+    bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
+    return features, index, bounds
+
+
+def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[str, Any]]:
+    """Run every item, one forward pass per model version; results in the order of ``items``."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, item in enumerate(items):
+        groups[item.model].append(i)
+    results: list[dict[str, Any]] = [{} for _ in items]
+    for tag, positions in groups.items():
+        model = registry.resolve(tag)
+        features, index, bounds = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
+        logits, probs, embedding = model.backend.run(features, index)
+        for n, i in enumerate(positions):
+            lo, hi = bounds[n], bounds[n + 1]
+            results[i] = {"model": model.artifacts.tag, "backend": model.backend.name, "task": model.artifacts.config.task,
+                          "logits": logits[lo:hi], "probs": probs[lo:hi],
+                          **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {})}
+    return results

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the runners (served on each service's ``/metrics`` by BentoML).
+
+Created lazily so that importing a runner module for tests needs no metrics registry. Stage
+latencies are histograms; queue time and compute time are separate (as Triton reports them);
+request and batch counters give the mean batch size as their ratio.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@functools.lru_cache(maxsize=1)
+def feature_metrics() -> SimpleNamespace:
+    import bentoml
+
+    m = bentoml.metrics
+    return SimpleNamespace(
+        stage=m.Histogram(name="feature_stage_seconds", documentation="FeatureRunner stage latency",
+                          labelnames=["stage"], buckets=LATENCY_BUCKETS),
+        lookups=m.Counter(name="feature_lookups_total", documentation="Feature rows served per cache level",
+                          labelnames=["level"]),
+        bytes=m.Histogram(name="feature_response_bytes", documentation="FeatureTensor bytes per response",
+                          buckets=(1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6)),
+        batch_targets=m.Histogram(name="feature_batch_targets", documentation="Targets per merged batch",
+                                  buckets=SIZE_BUCKETS),
+        l2_errors=m.Counter(name="feature_l2_errors_total", documentation="L2 (Redis) failures served from origin"),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def model_metrics() -> SimpleNamespace:
+    import bentoml
+
+    m = bentoml.metrics
+    return SimpleNamespace(
+        batch_targets=m.Histogram(name="graphsage_batch_targets", documentation="Targets per forward pass",
+                                  buckets=SIZE_BUCKETS),
+        queue=m.Histogram(name="graphsage_queue_seconds", documentation="Time a request waited for its batch",
+                          buckets=LATENCY_BUCKETS),
+        compute=m.Histogram(name="graphsage_compute_seconds", documentation="Forward-pass time per batch",
+                            buckets=LATENCY_BUCKETS),
+        requests=m.Counter(name="graphsage_requests_total", documentation="Requests per model version and backend",
+                           labelnames=["model", "backend"]),
+        batches=m.Counter(name="graphsage_batches_total", documentation="Forward passes"),
+    )

@@ -1,0 +1,121 @@
+"""The FeatureRunner's core, without BentoML: node ids -> sampled neighbourhood -> FeatureTensor.
+
+Concurrent requests arrive here merged (``runners.batching``): one vectorised sampling call per
+fanout, one feature fetch for the distinct nodes of the whole batch (a node wanted by several
+requests is fetched once), then one deduplicated FeatureTensor per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from runners.cache.tiered import FetchStats, TieredFeatureStore
+from runners.feature_tensor import FeatureTensor, compact
+from runners.sampling import random_seed, sample_tree
+from runners.snapshot import GraphSnapshot
+
+TRANSPORT_DTYPES = ("float32", "float16")
+
+
+class InvalidRequest(ValueError):
+    """Bad input from the caller (maps to HTTP 400/422)."""
+
+
+class TooManyNodes(InvalidRequest):
+    """More node ids than one request may carry (maps to HTTP 413)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureRequest:
+    node_ids: np.ndarray
+    fanout: tuple[int, ...]
+    seed: int
+    dtype: str = "float32"
+
+
+@dataclasses.dataclass
+class BatchTimings:
+    sample_s: float = 0.0
+    fetch: FetchStats = dataclasses.field(default_factory=FetchStats)
+    assemble_s: float = 0.0
+    targets: int = 0
+    distinct_nodes: int = 0
+
+
+class NeighbourhoodBuilder:
+    def __init__(self, snapshot: GraphSnapshot, store: TieredFeatureStore, max_fanout: Sequence[int],
+                 max_nodes: int = 1024) -> None:
+        self.snapshot = snapshot
+        self.store = store
+        self.max_fanout = tuple(int(k) for k in max_fanout)
+        self.max_nodes = max_nodes
+        self.last = BatchTimings()
+
+    def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
+                 dtype: str = "float32") -> FeatureRequest:
+        ids = _as_ids(node_ids)
+        if ids.size == 0:
+            raise InvalidRequest("node_ids is empty")
+        if ids.size > self.max_nodes:
+            raise TooManyNodes(f"{ids.size} node ids in one request; the limit is {self.max_nodes}")
+        bad = ids[(ids < 0) | (ids >= self.snapshot.num_nodes)]
+        if bad.size:
+            raise InvalidRequest(f"unknown node ids {bad[:5].tolist()} (the graph has ids 0..{self.snapshot.num_nodes - 1})")
+        fan = self.max_fanout if fanout is None else tuple(fanout)
+        if len(fan) != len(self.max_fanout) or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) for k in fan):
+            raise InvalidRequest(f"fanout must be {len(self.max_fanout)} integers, got {list(fan)}")
+        if any(k < 1 or k > m for k, m in zip(fan, self.max_fanout)):
+            raise InvalidRequest(f"fanout {list(fan)} outside 1..{list(self.max_fanout)} per hop")
+        if dtype not in TRANSPORT_DTYPES:
+            raise InvalidRequest(f"dtype must be one of {TRANSPORT_DTYPES}")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise InvalidRequest("seed must be an integer in [0, 2^63)")
+        return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype)
+
+    async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
+        started = time.perf_counter()
+        trees: list[list[np.ndarray]] = [[] for _ in requests]
+        by_fanout: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            by_fanout[r.fanout].append(i)
+        for fan, members in by_fanout.items():
+            targets = np.concatenate([requests[i].node_ids for i in members])
+            seeds = np.concatenate([np.full(requests[i].node_ids.size, requests[i].seed, np.int64) for i in members])
+            tree = sample_tree(self.snapshot.indptr, self.snapshot.indices, targets, fan, seed=seeds)
+            lo = 0
+            for i in members:
+                hi = lo + requests[i].node_ids.size
+                trees[i] = [layer[lo:hi] for layer in tree]
+                lo = hi
+        sampled = time.perf_counter()
+        all_ids = np.unique(np.concatenate([layer[layer >= 0] for t in trees for layer in t]))
+        rows, fetch_stats = await self.store.fetch_with_stats(all_ids)
+        fetched = time.perf_counter()
+        out = []
+        for r, tree in zip(requests, trees):
+            unique, index = compact(tree)
+            feats = rows[np.searchsorted(all_ids, unique)]
+            out.append(FeatureTensor(feats.astype(r.dtype, copy=False), index, self.snapshot.tag))
+        self.last = BatchTimings(sampled - started, fetch_stats, time.perf_counter() - fetched,
+                                 sum(r.node_ids.size for r in requests), int(all_ids.size))
+        return out
+
+
+def _as_ids(node_ids: object) -> np.ndarray:
+    if isinstance(node_ids, np.ndarray):
+        if node_ids.dtype.kind not in "iu":
+            raise InvalidRequest("node_ids must be integers")
+        return node_ids.astype(np.int64).reshape(-1)
+    if not isinstance(node_ids, (list, tuple)):
+        raise InvalidRequest("node_ids must be a list of integers")
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in node_ids):
+        raise InvalidRequest("node_ids must be a list of integers")
+    try:
+        return np.asarray(node_ids, dtype=np.int64)
+    except OverflowError as exc:
+        raise InvalidRequest("node id out of range") from exc

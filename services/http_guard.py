@@ -1,0 +1,97 @@
+"""ASGI middleware in front of the gateway's HTTP routes: what must happen before any parsing.
+
+- Refuses BentoML's internal pickle media type from outside (415): only JSON is public.
+- Rejects oversized bodies early (413), by Content-Length and by counting streamed bytes.
+- Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``, the rest
+  of the API ``predict``; health, metrics and the OpenAPI document are public.
+- Rate limits per key (429 with Retry-After).
+Errors are JSON ``{"error": ..., "status": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from services.auth import ApiKeyAuth, AuthError, Forbidden
+from services.ratelimit import LocalRateLimiter
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+PUBLIC_PATHS = ("/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/docs", "/schema.json")
+PICKLE_TYPES = ("application/vnd.bentoml+pickle", "application/vnd.bentoml.multipart")
+MAX_BODY_BYTES = 1 << 20
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def send_json(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"error": message, "status": status}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class HttpGuard:
+    def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
+                 limiter: Any | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        from runners.config import settings
+
+        self.app = app
+        cfg = settings()
+        self.auth = auth or ApiKeyAuth.from_settings(cfg)
+        self.limiter = limiter or LocalRateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst)
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type in PICKLE_TYPES:
+            return await send_json(send, 415, f"media type {content_type} is not accepted; send application/json")
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")
+        needed = "admin" if scope["path"].startswith("/admin") else "predict"
+        try:
+            principal = self.auth.check(headers.get("authorization"), headers.get("x-api-key"), needed)
+        except AuthError as exc:
+            return await send_json(send, 403 if isinstance(exc, Forbidden) else 401, str(exc),
+                                   None if isinstance(exc, Forbidden) else {"WWW-Authenticate": "Bearer"})
+        decision = await self.limiter.acquire(principal.name)
+        if not decision.allowed:
+            return await send_json(send, 429, "rate limit exceeded",
+                                   {"Retry-After": str(max(1, math.ceil(decision.retry_after_s)))})
+        await self._forward(scope, receive, send)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        seen = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise BodyTooLarge()
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")

@@ -1,0 +1,161 @@
+"""Token buckets: local (fake clock) and shared through a throw-away redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from services.ratelimit import (
+    Decision,
+    LocalRateLimiter,
+    RedisRateLimiter,
+    build_rate_limiter,
+)
+
+
+class FakeClock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def acquire(limiter, key: str, cost: float = 1) -> Decision:
+    return asyncio.run(limiter.acquire(key, cost))
+
+
+def test_burst_then_deny_with_sensible_retry_after():
+    clock = FakeClock()
+    lim = LocalRateLimiter(rate_per_s=2.0, burst=5, clock=clock)
+    decisions = [lim.try_acquire("k") for _ in range(5)]
+    assert all(d.allowed for d in decisions)
+    assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0]
+    denied = acquire(lim, "k")
+    assert not denied.allowed
+    assert denied.retry_after_s == pytest.approx(0.5)  # one token at 2/s
+    assert math.ceil(denied.retry_after_s) == 1  # what Retry-After carries
+    assert not lim.try_acquire("k", cost=3).allowed
+    assert lim.try_acquire("k", cost=3).retry_after_s == pytest.approx(1.5)
+
+
+def test_refill_with_a_fake_clock_is_capped_at_burst():
+    clock = FakeClock()
+    lim = LocalRateLimiter(rate_per_s=10.0, burst=3, clock=clock)
+    for _ in range(3):
+        assert lim.try_acquire("k").allowed
+    assert not lim.try_acquire("k").allowed
+    clock.advance(0.1)  # exactly one token back
+    assert lim.try_acquire("k").allowed
+    assert not lim.try_acquire("k").allowed
+    clock.advance(3600)  # a long idle: still only `burst` tokens
+    assert sum(lim.try_acquire("k").allowed for _ in range(10)) == 3
+    clock.advance(-5)  # a clock going backwards never mints tokens
+    assert not lim.try_acquire("k").allowed
+
+
+def test_buckets_are_per_key():
+    clock = FakeClock()
+    lim = LocalRateLimiter(rate_per_s=1.0, burst=2, clock=clock)
+    assert lim.try_acquire("a").allowed and lim.try_acquire("a").allowed
+    assert not lim.try_acquire("a").allowed
+    assert lim.try_acquire("b").allowed and lim.try_acquire("b").allowed
+    assert not lim.try_acquire("b").allowed
+
+
+def test_unlimited_and_cost_rules():
+    lim = LocalRateLimiter(rate_per_s=0, burst=1)
+    assert all(lim.try_acquire("k", cost=1e6).allowed for _ in range(1000))
+    assert len(lim) == 0  # no state kept at all
+    clock = FakeClock()
+    lim = LocalRateLimiter(rate_per_s=1.0, burst=4, clock=clock)
+    big = lim.try_acquire("k", cost=100)  # clamped to burst: admitted when full, drains it
+    assert big.allowed and big.remaining == 0
+    assert lim.try_acquire("k", cost=0).allowed
+    with pytest.raises(ValueError):
+        lim.try_acquire("k", cost=-1)
+    with pytest.raises(ValueError):
+        LocalRateLimiter(rate_per_s=1.0, burst=0)
+
+
+def test_idle_buckets_are_pruned_beyond_max_keys():
+    clock = FakeClock()
+    lim = LocalRateLimiter(rate_per_s=1.0, burst=2, clock=clock, max_keys=100)
+    for i in range(100):
+        lim.try_acquire(f"k{i}")
+    clock.advance(10)  # all of them are full again
+    lim.try_acquire("new")
+    assert len(lim) == 1
+    for i in range(250):
+        lim.try_acquire(f"busy{i}")
+    assert len(lim) <= 100
+
+
+def test_build_rate_limiter_from_settings():
+    from runners.config import load_settings
+
+    assert build_rate_limiter(load_settings({})).try_acquire("k").allowed  # unlimited default
+    lim = build_rate_limiter(load_settings({"GSAGE_RATE_LIMIT_PER_S": "5",
+                                            "GSAGE_RATE_LIMIT_BURST": "7"}))
+    assert isinstance(lim, LocalRateLimiter) and (lim.rate_per_s, lim.burst) == (5.0, 7.0)
+
+
+# -- Redis: a real redis-server on a free port (the `redis_standalone` fixture) -------------------
+
+
+@pytest.mark.integration
+def test_redis_bucket_is_shared_between_limiter_instances(redis_standalone):
+    async def scenario() -> None:
+        a = RedisRateLimiter.from_url(redis_standalone.url, rate_per_s=1.0, burst=5, timeout_s=1.0)
+        b = RedisRateLimiter.from_url(redis_standalone.url, rate_per_s=1.0, burst=5, timeout_s=1.0)
+        try:
+            got = [await (a if i % 2 else b).acquire("client") for i in range(5)]
+            assert all(d.allowed for d in got)
+            denied_a, denied_b = await a.acquire("client"), await b.acquire("client")
+            assert not denied_a.allowed and not denied_b.allowed
+            assert 0.5 < denied_b.retry_after_s <= 1.0
+            assert (await a.acquire("other")).allowed  # per key
+            # Refill in real (server) time: 1 token/s, so after ~1.1 s one more is admitted.
+            await asyncio.sleep(1.1)
+            assert (await b.acquire("client")).allowed
+            assert not (await a.acquire("client")).allowed
+            assert a.fallbacks == b.fallbacks == 0
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(scenario())
+    # Idle buckets expire on their own (TTL = time to refill + 1 s).
+    assert redis_standalone.dbsize() == 2
+
+
+@pytest.mark.integration
+def test_redis_down_falls_back_to_local_and_recovers(redis_standalone):
+    async def scenario() -> None:
+        lim = RedisRateLimiter.from_url(redis_standalone.url, rate_per_s=1.0, burst=3,
+                                        timeout_s=0.2, retry_backoff_s=0.3)
+        try:
+            assert (await lim.acquire("k")).allowed
+            redis_standalone.kill()
+            t0 = time.perf_counter()
+            decisions = [await lim.acquire("k") for _ in range(5)]
+            elapsed = time.perf_counter() - t0
+            # Never an exception; the local bucket (fresh, burst 3) decides.
+            assert [d.allowed for d in decisions] == [True, True, True, False, False]
+            assert lim.fallbacks == 5 and lim.errors == 1  # the breaker spares the rest
+            assert elapsed < 1.0
+            redis_standalone.start()  # same port, empty data
+            await asyncio.sleep(0.35)  # past retry_backoff_s: the next call probes Redis
+            assert (await lim.acquire("k")).allowed
+            assert lim.fallbacks == 5
+            assert redis_standalone.dbsize() == 1
+        finally:
+            await lim.aclose()
+
+    asyncio.run(scenario())
