@@ -42,3 +42,29 @@ def model_store(tmp_path, monkeypatch) -> Iterator[str]:
         for provider, value in overrides:
             stack.enter_context(provider.patch(value))
         yield home
+
+
+# --- Throw-away Redis servers (tests/redis_servers.py); never the shared one on 6379. ---------
+
+
+@pytest.fixture
+def redis_standalone(tmp_path):
+    """A fresh standalone ``redis-server`` on a free loopback port, stopped after the test."""
+    from tests.redis_servers import RedisServer, redis_available
+
+    if not redis_available():
+        pytest.skip("redis-server / redis-cli not installed")
+    with RedisServer(str(tmp_path / "redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A 3-master Redis Cluster (no replicas) shared by the session; a test that kills a node
+    must restart it and wait for ``cluster_state:ok`` before it returns."""
+    from tests.redis_servers import RedisCluster3, redis_available
+
+    if not redis_available():
+        pytest.skip("redis-server / redis-cli not installed")
+    with RedisCluster3(str(tmp_path_factory.mktemp("redis-cluster"))) as cluster:
+        yield cluster

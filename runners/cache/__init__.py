@@ -1,0 +1,21 @@
+"""Feature cache levels of the FeatureRunner: L1 (process LRU) -> L2 (Redis) -> origin (mmap).
+
+``build_feature_store(settings, features, snapshot_version)`` is the entry point; see
+``tiered.py`` for the read path and ``l2_redis.py`` for the Redis key layout.
+"""
+
+from .base import FeatureLevel
+from .l1 import L1Cache
+from .l2_redis import RedisFeatureLevel
+from .origin import OriginLevel
+from .tiered import FetchStats, TieredFeatureStore, build_feature_store
+
+__all__ = [
+    "FeatureLevel",
+    "FetchStats",
+    "L1Cache",
+    "OriginLevel",
+    "RedisFeatureLevel",
+    "TieredFeatureStore",
+    "build_feature_store",
+]

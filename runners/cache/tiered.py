@@ -1,0 +1,172 @@
+"""The FeatureRunner's feature store: L1 (process LRU) -> L2 (Redis, optional) -> origin (mmap).
+
+``fetch(ids)`` for unique int64 ids returns ``[n, F]`` float32 rows in the order of ``ids``:
+
+1. L1 answers what it holds (no I/O).
+2. The L1 misses go to L2 in one read (read-through); rows L2 found are copied into L1.
+3. What L2 missed is gathered from the origin; those rows go into L1 and are written back to L2
+   by a background task, so the request never waits for a cache write.
+
+A level that fails (Redis down) just misses; origin always answers, so ``fetch`` raises only for
+ids outside ``[0, num_nodes)``. Each call reports its stage timings and per-level hit counts as
+a ``FetchStats`` (``fetch_with_stats``; ``last_stats`` keeps the most recent one for callers
+that do not overlap fetches): the service turns them into Prometheus histograms. Cumulative
+counters per level come from ``stats()``.
+
+Concurrent fetches of the same cold id may both read the origin and both write it back; the
+rows are identical, so the race costs a duplicate write, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ..config import Settings
+from .base import ROW_DTYPE, as_ids
+from .l1 import L1Cache
+from .l2_redis import RedisFeatureLevel
+from .origin import OriginLevel
+
+WARM_BATCH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchStats:
+    n: int = 0
+    l1_hits: int = 0
+    l2_hits: int = 0
+    origin_hits: int = 0
+    # Wall seconds per stage; L1 includes filling L1 with the rows found below it. A level that
+    # was not consulted (everything found above it, or no L2) reports exactly 0.0.
+    l1_s: float = 0.0
+    l2_s: float = 0.0
+    origin_s: float = 0.0
+
+
+class TieredFeatureStore:
+    def __init__(self, l1: L1Cache, l2: RedisFeatureLevel | None, origin: OriginLevel) -> None:
+        for level in (l1, l2):
+            if level is not None and level.dim != origin.dim:
+                raise ValueError(f"{level.name} holds rows of {level.dim}, origin of {origin.dim}")
+        self.l1 = l1
+        self.l2 = l2
+        self.origin = origin
+        self.last_stats = FetchStats()
+
+    @property
+    def dim(self) -> int:
+        return self.origin.dim
+
+    @property
+    def num_nodes(self) -> int:
+        return self.origin.num_nodes
+
+    async def fetch(self, ids: np.ndarray) -> np.ndarray:
+        rows, _ = await self.fetch_with_stats(ids)
+        return rows
+
+    async def fetch_with_stats(self, ids: np.ndarray) -> tuple[np.ndarray, FetchStats]:
+        ids = as_ids(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
+            raise IndexError(f"node ids must be in [0, {self.num_nodes})")
+        out = np.empty((ids.size, self.dim), dtype=ROW_DTYPE)
+
+        t0 = time.perf_counter()
+        found, rows = self.l1.get_many(ids)
+        out[found] = rows
+        miss = np.flatnonzero(~found)
+        l1_hits = ids.size - miss.size
+        t1 = time.perf_counter()
+
+        l2_hits, l2_fill_s = 0, 0.0
+        asked_l2 = bool(miss.size) and self.l2 is not None
+        if asked_l2:
+            found, rows = await self.l2.get(ids[miss])
+            if rows.shape[0]:
+                hit = miss[found]
+                out[hit] = rows
+                l2_hits = int(hit.size)
+                tf = time.perf_counter()
+                self.l1.put_many(ids[hit], rows)
+                l2_fill_s = time.perf_counter() - tf
+                miss = miss[~found]
+        t2 = time.perf_counter()
+
+        origin_fill_s = 0.0
+        asked_origin = bool(miss.size)
+        if asked_origin:
+            cold = ids[miss]
+            rows = self.origin.get_many(cold)
+            out[miss] = rows
+            tf = time.perf_counter()
+            self.l1.put_many(cold, rows)
+            origin_fill_s = time.perf_counter() - tf
+            if self.l2 is not None:
+                self.l2.put_background(cold, rows)
+        t3 = time.perf_counter()
+
+        stats = FetchStats(
+            n=int(ids.size),
+            l1_hits=int(l1_hits),
+            l2_hits=l2_hits,
+            origin_hits=int(miss.size),
+            l1_s=(t1 - t0) + l2_fill_s + origin_fill_s,
+            l2_s=(t2 - t1) - l2_fill_s if asked_l2 else 0.0,
+            origin_s=(t3 - t2) - origin_fill_s if asked_origin else 0.0,
+        )
+        self.last_stats = stats
+        return out, stats
+
+    async def warm(self, ids: np.ndarray, batch_size: int = WARM_BATCH) -> int:
+        """Preload ``ids`` (hottest first) into L2 and, as far as it holds them, L1.
+
+        L1 keeps the first ``l1.capacity`` ids: they are inserted coldest first, so the hottest
+        end up most recently used. L2 writes are awaited here (start-up, not a request path).
+        Returns the number of rows loaded.
+        """
+        ids = as_ids(ids)
+        for start in range(0, ids.size, batch_size):
+            chunk = ids[start : start + batch_size]
+            rows = self.origin.get_many(chunk)
+            if self.l2 is not None:
+                await self.l2.put(chunk, rows)
+        hot = ids[: self.l1.capacity][::-1]
+        for start in range(0, hot.size, batch_size):
+            chunk = hot[start : start + batch_size]
+            self.l1.put_many(chunk, self.origin.get_many(chunk))
+        return int(ids.size)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        levels = [self.l1, self.l2, self.origin]
+        return {level.name: level.stats() for level in levels if level is not None}
+
+    async def flush(self) -> None:
+        """Wait for pending background writes (tests, shutdown)."""
+        if self.l2 is not None:
+            await self.l2.flush()
+
+    async def close(self) -> None:
+        if self.l2 is not None:
+            await self.l2.close()
+
+
+def build_feature_store(
+    settings: Settings, features: np.ndarray, snapshot_version: str
+) -> TieredFeatureStore:
+    """L1 + origin always; L2 only when ``settings.redis_url`` is set."""
+    origin = OriginLevel(features)
+    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim)
+    l2 = None
+    if settings.redis_url:
+        l2 = RedisFeatureLevel.from_url(
+            settings.redis_url,
+            snapshot_version,
+            origin.dim,
+            ttl_s=settings.l2_ttl_s,
+            timeout_s=settings.l2_timeout_s,
+            retry_backoff_s=settings.l2_retry_backoff_s,
+        )
+    return TieredFeatureStore(l1, l2, origin)

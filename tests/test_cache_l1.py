@@ -1,0 +1,249 @@
+"""L1Cache: byte bound, exact LRU order, TTL on an injected clock, counters; and a model check."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pytest
+
+from runners.cache import OriginLevel, TieredFeatureStore, build_feature_store
+from runners.cache.l1 import ENTRY_OVERHEAD_BYTES, L1Cache
+from runners.config import Settings
+
+DIM = 4
+ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rows_for(ids) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64)
+    return (ids[:, None] * 10 + np.arange(DIM)).astype(np.float32)
+
+
+def make(entries: int, ttl: float = 60.0, clock=None) -> L1Cache:
+    return L1Cache(entries * ENTRY + ENTRY - 1, ttl, DIM, clock=clock or FakeClock())
+
+
+def cached_ids(cache: L1Cache) -> list[int]:
+    """Ids in LRU order (least recent first), read without touching recency."""
+    return list(cache._index)
+
+
+def test_capacity_is_bytes_over_entry_size():
+    cache = L1Cache(10 * ENTRY + ENTRY - 1, 60, DIM)
+    assert cache.capacity == 10
+    assert cache.entry_bytes == ENTRY
+    assert L1Cache(ENTRY - 1, 60, DIM).capacity == 0
+    # Wider rows, fewer entries for the same bytes.
+    assert L1Cache(10 * ENTRY, 60, DIM * 8).capacity < 10
+
+
+def test_byte_bound_never_exceeded_and_lru_evicted_first():
+    cache = make(8)
+    for start in range(0, 40, 3):
+        ids = np.arange(start, start + 3)
+        cache.put_many(ids, rows_for(ids))
+        assert cache.nbytes <= cache.max_bytes
+        assert len(cache) <= cache.capacity
+    # 42 ids went in, the cache holds the 8 most recent, in insertion order.
+    assert cached_ids(cache) == list(range(34, 42))
+    assert cache.evictions == 42 - 8
+    found, rows = cache.get_many(np.arange(42))
+    assert found.sum() == 8 and found[34:].all()
+    np.testing.assert_array_equal(rows, rows_for(range(34, 42)))
+
+
+def test_get_refreshes_recency():
+    cache = make(4)
+    cache.put_many(np.arange(4), rows_for(range(4)))
+    cache.get_many(np.array([0, 1]))  # 0 and 1 become the most recent
+    cache.put_many(np.array([10, 11]), rows_for([10, 11]))  # evicts 2 and 3
+    assert sorted(cached_ids(cache)) == [0, 1, 10, 11]
+    assert cached_ids(cache)[:2] == [0, 1]
+
+
+def test_put_of_present_id_refreshes_row_and_recency():
+    cache = make(3)
+    cache.put_many(np.arange(3), rows_for(range(3)))
+    new_row = np.full((1, DIM), -1.0, np.float32)
+    cache.put_many(np.array([0]), new_row)
+    cache.put_many(np.array([7]), rows_for([7]))  # evicts 1, the LRU now
+    assert cached_ids(cache) == [2, 0, 7]
+    found, rows = cache.get_many(np.array([0]))
+    assert found.all()
+    np.testing.assert_array_equal(rows, new_row)
+
+
+def test_ttl_expiry_with_injected_clock():
+    clock = FakeClock()
+    cache = make(10, ttl=5.0, clock=clock)
+    cache.put_many(np.arange(3), rows_for(range(3)))
+    clock.now += 2
+    cache.put_many(np.array([3]), rows_for([3]))  # younger entry
+    clock.now += 2.9  # 4.9 s after the first put
+    assert cache.get_many(np.arange(4))[0].all()
+    clock.now += 0.1  # exactly the TTL for 0..2
+    found, rows = cache.get_many(np.arange(4))
+    assert found.tolist() == [False, False, False, True]
+    np.testing.assert_array_equal(rows, rows_for([3]))
+    assert cache.expired == 3 and len(cache) == 1
+    # A refresh by put restarts the TTL.
+    cache.put_many(np.array([3]), rows_for([3]))
+    clock.now += 4.5
+    assert cache.get_many(np.array([3]))[0].all()
+
+
+def test_expired_slots_are_reused():
+    clock = FakeClock()
+    cache = make(4, ttl=1.0, clock=clock)
+    cache.put_many(np.arange(4), rows_for(range(4)))
+    clock.now += 2
+    cache.get_many(np.arange(4))  # drops all four
+    cache.put_many(np.arange(10, 14), rows_for(range(10, 14)))
+    assert cache.evictions == 0 and len(cache) == 4
+    np.testing.assert_array_equal(cache.get_many(np.arange(10, 14))[1], rows_for(range(10, 14)))
+
+
+def test_counters_and_stats():
+    cache = make(4)
+    cache.get_many(np.arange(3))
+    cache.put_many(np.arange(6), rows_for(range(6)))  # keeps the tail 2..5
+    found, _ = cache.get_many(np.array([0, 2, 5, 9]))
+    assert found.tolist() == [False, True, True, False]
+    s = cache.stats()
+    assert s["hits"] == 2 and s["misses"] == 3 + 2
+    assert s["entries"] == 4 and s["bytes"] == 4 * ENTRY <= s["capacity_bytes"]
+    assert s["evictions"] == 0  # an oversized batch is cut before insertion, nothing evicted
+    assert s["expired"] == 0
+
+
+def test_zero_capacity_and_empty_batches():
+    cache = L1Cache(0, 60, DIM)
+    cache.put_many(np.arange(5), rows_for(range(5)))
+    found, rows = cache.get_many(np.arange(5))
+    assert not found.any() and rows.shape == (0, DIM)
+    found, rows = make(4).get_many(np.array([], dtype=np.int64))
+    assert found.shape == (0,) and rows.shape == (0, DIM)
+
+
+def test_duplicate_ids_do_not_leak_slots():
+    cache = make(4)
+    cache.put_many(np.array([1, 1, 2]), rows_for([1, 1, 2]))
+    assert len(cache) == 2
+    cache.put_many(np.arange(10, 12), rows_for([10, 11]))
+    assert len(cache) == 4 and cache.evictions == 0
+    found, rows = cache.get_many(np.array([1, 1]))
+    assert found.all()
+    np.testing.assert_array_equal(rows, rows_for([1, 1]))
+
+
+def test_async_wrappers():
+    cache = make(4)
+
+    async def go():
+        await cache.put(np.arange(2), rows_for(range(2)))
+        return await cache.get(np.arange(3))
+
+    found, rows = asyncio.run(go())
+    assert found.tolist() == [True, True, False]
+    np.testing.assert_array_equal(rows, rows_for(range(2)))
+
+
+def test_tiered_without_l2_reads_origin_once_then_l1():
+    feats = rows_for(range(100))
+    store = TieredFeatureStore(make(50), None, OriginLevel(feats))
+    ids = np.array([7, 3, 99, 0])
+
+    async def go():
+        first = await store.fetch_with_stats(ids)
+        second = await store.fetch_with_stats(ids[::-1])
+        with pytest.raises(IndexError):
+            await store.fetch(np.array([100]))
+        return first, second
+
+    (rows, s1), (rows2, s2) = asyncio.run(go())
+    np.testing.assert_array_equal(rows, feats[ids])
+    np.testing.assert_array_equal(rows2, feats[ids[::-1]])
+    assert (s1.l1_hits, s1.l2_hits, s1.origin_hits, s1.l2_s) == (0, 0, 4, 0.0)
+    assert (s2.l1_hits, s2.origin_hits, s2.origin_s) == (4, 0, 0.0)
+    assert store.last_stats == s2
+    assert store.stats() == {"l1": store.l1.stats(), "origin": {"hits": 4}}
+
+
+def test_build_feature_store_without_redis_has_no_l2():
+    store = build_feature_store(Settings(l1_bytes=1 << 20, l1_ttl_s=5), rows_for(range(10)), "v")
+    assert store.l2 is None and store.l1.max_bytes == 1 << 20 and store.l1.ttl_s == 5
+
+
+class ReferenceLRU:
+    """The obvious, slow model: OrderedDict of id -> (deadline, row)."""
+
+    def __init__(self, capacity: int, ttl: float) -> None:
+        self.capacity, self.ttl, self.d = capacity, ttl, OrderedDict()
+
+    def get(self, ids, now):
+        out = []
+        for i in ids:
+            entry = self.d.get(i)
+            if entry is not None and entry[0] <= now:
+                del self.d[i]
+                entry = None
+            if entry is not None:
+                self.d.move_to_end(i)
+            out.append(entry is not None)
+        return out
+
+    def put(self, ids, now):
+        ids = ids[-self.capacity :] if self.capacity else []
+        present = [i for i in ids if i in self.d]
+        for i in present:
+            self.d[i] = (now + self.ttl, i)
+            self.d.move_to_end(i)
+        for i in ids:
+            if i not in present:
+                while len(self.d) >= self.capacity:
+                    self.d.popitem(last=False)
+                self.d[i] = (now + self.ttl, i)
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["get", "put", "tick"]),
+        st.lists(st.integers(0, 30), unique=True, max_size=12),
+        st.floats(0, 3),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(0, 9), ops=ops)
+def test_matches_reference_lru(capacity, ops):
+    clock = FakeClock()
+    cache = make(capacity, ttl=4.0, clock=clock)
+    ref = ReferenceLRU(capacity, 4.0)
+    for op, ids, dt in ops:
+        arr = np.array(ids, dtype=np.int64)
+        if op == "tick":
+            clock.now += dt
+        elif op == "put":
+            cache.put_many(arr, rows_for(arr))
+            ref.put(ids, clock.now)
+        else:
+            found, rows = cache.get_many(arr)
+            assert found.tolist() == ref.get(ids, clock.now)
+            np.testing.assert_array_equal(rows, rows_for(arr[found]))
+        assert cached_ids(cache) == list(ref.d)
+        assert cache.nbytes <= cache.max_bytes
