@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m services.grpc_codegen
 	touch $@
 
 install: $(VENV)/.installed

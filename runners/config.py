@@ -14,6 +14,11 @@ from typing import Any, get_type_hints
 
 ENV_PREFIX = "GSAGE_"
 
+# Service config of every dependency (read by the *caller's* client): the bentoml.depends client
+# recycles its aiohttp session every 100 requests and closes it under in-flight requests
+# (~20% HTTP 500 at concurrency 32); these limits keep one session alive.
+RUNNER_CONNECTION = {"max_requests": 1_000_000_000, "max_age": 1e9}
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:

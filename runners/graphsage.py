@@ -21,7 +21,7 @@ import bentoml
 
 from runners import wire
 from runners.batching import AdaptiveBatcher, BatchStats
-from runners.config import settings
+from runners.config import RUNNER_CONNECTION, settings
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
@@ -33,6 +33,7 @@ log = logging.getLogger("graphsage.model")
     name="GraphSAGERunner",
     workers=1,
     traffic={"timeout": 30, "max_concurrency": 1024},
+    runner_connection=RUNNER_CONNECTION,
 )
 class GraphSAGERunner:
     def __init__(self) -> None:

@@ -66,6 +66,8 @@ class NeighbourhoodBuilder:
         bad = ids[(ids < 0) | (ids >= self.snapshot.num_nodes)]
         if bad.size:
             raise InvalidRequest(f"unknown node ids {bad[:5].tolist()} (the graph has ids 0..{self.snapshot.num_nodes - 1})")
+        if fanout is not None and not isinstance(fanout, (list, tuple, np.ndarray)):
+            raise InvalidRequest(f"fanout must be a list of {len(self.max_fanout)} integers")
         fan = self.max_fanout if fanout is None else tuple(fanout)
         if len(fan) != len(self.max_fanout) or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) for k in fan):
             raise InvalidRequest(f"fanout must be {len(self.max_fanout)} integers, got {list(fan)}")

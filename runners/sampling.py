@@ -42,14 +42,13 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 Seeds = int | np.ndarray  # one seed for all nodes, or one per node
 
 
-def _uniform(seed: Seeds, nodes: np.ndarray, hop: int, step: int) -> np.ndarray:
-    """A float in [0, 1) per node, a pure function of (seed, node, hop, step)."""
+def _uniforms(seed: Seeds, nodes: np.ndarray, hop: int, steps: int) -> np.ndarray:
+    """``[len(nodes), steps]`` floats in [0, 1), each a pure function of (seed, node, hop, step)."""
     with np.errstate(over="ignore"):
         seeds = np.broadcast_to(np.asarray(seed, dtype=np.int64) & 0x7FFF_FFFF_FFFF_FFFF, nodes.shape)
-        key = _splitmix64(seeds.astype(np.uint64))
-        key ^= nodes.astype(np.uint64) * _NODE_MUL
-        key ^= np.uint64(hop * 1_000_003 + step + 1) * _STEP_MUL
-        bits = _splitmix64(key) >> np.uint64(11)
+        key = _splitmix64(seeds.astype(np.uint64)) ^ (nodes.astype(np.uint64) * _NODE_MUL)
+        step_keys = (np.arange(steps, dtype=np.uint64) + np.uint64(hop * 1_000_003 + 1)) * _STEP_MUL
+        bits = _splitmix64(key[:, None] ^ step_keys[None, :]) >> np.uint64(11)
     return bits.astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -88,9 +87,10 @@ def sample_neighbours(
 def _floyd_offsets(deg: np.ndarray, nodes: np.ndarray, k: int, seed: Seeds, hop: int) -> np.ndarray:
     """k distinct offsets in [0, deg) per row, uniform over k-subsets (Floyd's algorithm)."""
     chosen = np.empty((deg.size, k), dtype=np.int64)
+    draws = _uniforms(seed, nodes, hop, k)
     for step in range(k):
         j = deg - k + step
-        t = (_uniform(seed, nodes, hop, step) * (j + 1)).astype(np.int64)
+        t = (draws[:, step] * (j + 1)).astype(np.int64)
         seen = (chosen[:, :step] == t[:, None]).any(axis=1)
         chosen[:, step] = np.where(seen, j, t)
     return chosen

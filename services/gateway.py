@@ -34,9 +34,6 @@ from services.routing import RoutingError, RoutingTable, UnknownModel
 
 log = logging.getLogger("graphsage.gateway")
 
-# The bentoml.depends client recycles its aiohttp session every 100 requests and closes it under
-# in-flight requests (~20% HTTP 500 at concurrency 32); these limits keep one session alive.
-RUNNER_CONNECTION = {"max_requests": 1_000_000_000, "max_age": 1e9}
 _ERROR_CLASSES: dict[int, type[BentoMLException]] = {}
 _instance: "Gateway | None" = None
 
@@ -56,7 +53,6 @@ admin_app = Starlette()
     workers=1,
     http={"port": 3000},
     traffic={"timeout": 30, "max_concurrency": 2048},
-    runner_connection=RUNNER_CONNECTION,
 )
 @bentoml.asgi_app(admin_app, path="/")
 class Gateway:

@@ -4,7 +4,8 @@
 - Rejects oversized bodies early (413), by Content-Length and by counting streamed bytes.
 - Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``, the rest
   of the API ``predict``; health, metrics and the OpenAPI document are public.
-- Rate limits per key (429 with Retry-After).
+- Rate limits per key (429 with Retry-After); adds Retry-After to any 503 (load shedding, a
+  model runner down) that lacks one.
 Errors are JSON ``{"error": ..., "status": ...}``.
 """
 
@@ -40,15 +41,42 @@ async def send_json(send: Send, status: int, message: str, headers: dict[str, st
     await send({"type": "http.response.body", "body": body})
 
 
+def build_access(cfg: Any, auth: ApiKeyAuth | None = None, limiter: Any | None = None) -> tuple[ApiKeyAuth, Any]:
+    """The authenticator and rate limiter of a front end (those given, else built from
+    ``Settings``): one place, so that HTTP (``HttpGuard``) and gRPC (``services.grpc_server``)
+    admit and limit alike."""
+    # ``is None``, not ``or``: a LocalRateLimiter with no buckets yet has len() 0, i.e. is falsy.
+    return (ApiKeyAuth.from_settings(cfg) if auth is None else auth,
+            LocalRateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst) if limiter is None else limiter)
+
+
+def error_message(body: bytes) -> str:
+    """One clear message out of BentoML's error bodies (``{"error"}``, ``[{"error"}]``, pydantic
+    validation lists with ``loc``/``msg``) or plain text."""
+    try:
+        doc: Any = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:1000] or "error"
+    items = doc if isinstance(doc, list) else [doc]
+    parts = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("error"), str):
+            parts.append(error_message(item["error"].encode()) if item["error"][:1] in "[{" else item["error"])
+        elif isinstance(item, dict) and "msg" in item:
+            loc = ".".join(str(x) for x in item.get("loc", ()) if x != "body")
+            parts.append(f"{loc}: {item['msg']}" if loc else str(item["msg"]))
+        else:
+            parts.append(json.dumps(item)[:200])
+    return "; ".join(parts)[:1000] or "error"
+
+
 class HttpGuard:
     def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
                  limiter: Any | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         from runners.config import settings
 
         self.app = app
-        cfg = settings()
-        self.auth = auth or ApiKeyAuth.from_settings(cfg)
-        self.limiter = limiter or LocalRateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst)
+        self.auth, self.limiter = build_access(settings(), auth, limiter)
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -85,9 +113,25 @@ class HttpGuard:
                 raise BodyTooLarge()
             return message
 
+        error_start: Message | None = None
+        error_body = b""
+
         async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, error_start, error_body
+            if message["type"] == "http.response.start":
+                started = True
+                if message.get("status", 200) >= 400:  # rewritten into our error schema below
+                    error_start = message
+                    return
+            elif error_start is not None:
+                error_body += message.get("body", b"")
+                if message.get("more_body"):
+                    return
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in error_start.get("headers", [])
+                           if k.lower() not in (b"content-length", b"content-type")}
+                if error_start["status"] == 503:
+                    headers.setdefault("retry-after", "1")
+                return await send_json(send, error_start["status"], error_message(error_body), headers)
             await send(message)
 
         try:

@@ -56,17 +56,30 @@ class RunnerRejected(Exception):
         self.status = status
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    import aiohttp
+
+    return isinstance(exc, (ConnectionError, aiohttp.ClientConnectionError)) and not isinstance(
+        exc, aiohttp.ClientConnectorError)  # refused: the runner is down, no point retrying
+
+
 def rejecting_client_errors(fn: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Wrap a runner call so that its 4xx answers raise ``RunnerRejected``."""
+    """Wrap a runner call: its 4xx answers raise ``RunnerRejected``, and a connection lost
+    mid-call (a worker killed, a pooled connection closed) is retried once: calls are idempotent."""
 
     async def call(**kwargs: Any) -> bytes:
-        try:
-            return await fn(**kwargs)
-        except Exception as exc:
-            status = remote_status(exc)
-            if status is not None and 400 <= status < 500:
-                raise RunnerRejected(status, _message(exc)) from exc
-            raise
+        for attempt in (1, 2):
+            try:
+                return await fn(**kwargs)
+            except Exception as exc:
+                status = remote_status(exc)
+                if status is not None and 400 <= status < 500:
+                    raise RunnerRejected(status, _message(exc)) from exc
+                if attempt == 1 and _connection_lost(exc):
+                    log.info("runner connection lost (%s); retrying once", type(exc).__name__)
+                    continue
+                raise
+        raise AssertionError("unreachable")
 
     return call
 
@@ -151,7 +164,7 @@ class PredictionCore:
                            {"Retry-After": str(max(1, int(np.ceil(retry))))}) from exc
         meta, arrays = wire.unpack(packed)
         predictions = to_predictions(req.node_ids, meta, arrays)
-        self.stale.put(meta["model"], predictions)
+        self.stale.put(tag, predictions)  # keyed as routed: what a degraded request resolves to
         return PredictResponse(model=meta["model"], predictions=predictions)
 
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> PredictResponse:

@@ -9,23 +9,21 @@ from typing import Iterator
 import pytest
 
 
-@pytest.fixture
-def model_store(tmp_path, monkeypatch) -> Iterator[str]:
-    """An empty BentoML home (model store under ``<path>/models``) for one test; yields its path.
+@contextlib.contextmanager
+def bentoml_home(home: str) -> Iterator[str]:
+    """Point this process's BentoML model and bento stores at ``home`` while the block runs.
 
     Setting ``BENTOML_HOME`` alone is not enough: BentoML resolves the home and the stores once
     per process and caches them (simple_di singletons), so the providers are overridden too and
-    reset afterwards. The env var is still set for any subprocess a test starts.
+    reset afterwards.
     """
     from bentoml._internal.bento import BentoStore
     from bentoml._internal.configuration.containers import BentoMLContainer
     from bentoml._internal.models import ModelStore
 
-    home = str(tmp_path / "bentoml")
     dirs = {name: os.path.join(home, name) for name in ("models", "bentos", "envs", "tmp")}
     for path in dirs.values():
-        os.makedirs(path)
-    monkeypatch.setenv("BENTOML_HOME", home)
+        os.makedirs(path, exist_ok=True)
     c = BentoMLContainer
     overrides = [
         (c.bentoml_home, home),
@@ -37,14 +35,21 @@ def model_store(tmp_path, monkeypatch) -> Iterator[str]:
         (c.tmp_bento_store, BentoStore(dirs["tmp"])),
         (c.env_store_dir, dirs["envs"]),
     ]
-    # patch() restores whatever override was there before, so fixtures can nest.
+    # patch() restores whatever override was there before, so these can nest.
     with contextlib.ExitStack() as stack:
         for provider, value in overrides:
             stack.enter_context(provider.patch(value))
         yield home
 
 
-# --- Throw-away Redis servers (tests/redis_servers.py); never the shared one on 6379. ---------
+@pytest.fixture
+def model_store(tmp_path, monkeypatch) -> Iterator[str]:
+    """An empty BentoML home (model store under ``<path>/models``) for one test; yields its path.
+    The env var is set too, for any subprocess a test starts."""
+    home = str(tmp_path / "bentoml")
+    monkeypatch.setenv("BENTOML_HOME", home)
+    with bentoml_home(home):
+        yield home
 
 
 @pytest.fixture

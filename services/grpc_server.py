@@ -1,0 +1,288 @@
+"""The gateway's gRPC front end (``graphsage.v1.GraphSAGE``, services/proto/graphsage/v1/predict.proto).
+
+BentoML 1.4 serves no gRPC for new-style services, so this is a ``grpc.aio`` server started by the
+Gateway's ``on_startup`` hook in the same worker process and event loop as the HTTP front end. It
+calls the same ``Gateway.run_predict`` (routing, breakers, degraded answers, metrics), admits with
+the same ``ApiKeyAuth`` and rate limiter kind as HTTP (``services.http_guard.build_access``), and
+adds the standard health service (``grpc.health.v1.Health``: SERVING for ``""`` and
+``graphsage.v1.GraphSAGE``) and server reflection.
+
+Auth: metadata ``authorization: Bearer <key>`` or ``x-api-key: <key>``; both RPCs need the
+``predict`` scope (as HTTP ``/predict`` and ``/models``). Rate limits are per key name, as HTTP.
+The limiter is this front end's own instance: with the per-process limiter, HTTP and gRPC each
+allow the configured rate.
+
+Status codes (never INTERNAL for bad input)::
+
+    no/invalid key                      UNAUTHENTICATED     (trailer www-authenticate: Bearer)
+    key without the scope               PERMISSION_DENIED
+    rate limited                        RESOURCE_EXHAUSTED  (trailer retry-after: <seconds>)
+    undecodable bytes, invalid fields   INVALID_ARGUMENT    (field-by-field message)
+    ApiError 400 / 422                  INVALID_ARGUMENT
+    ApiError 413 (too many node ids)    INVALID_ARGUMENT    (a property of the request; retrying
+                                                             cannot help, and RESOURCE_EXHAUSTED
+                                                             invites retries)
+    ApiError 404 unknown model/version  NOT_FOUND
+    ApiError 429                        RESOURCE_EXHAUSTED  (retry-after)
+    ApiError 503 runner unavailable     UNAVAILABLE         (retry-after)
+    ApiError 502 / 504                  UNAVAILABLE (retry-after: 1) / DEADLINE_EXCEEDED
+    message > 1 MiB                     RESOURCE_EXHAUSTED  (rejected by grpc itself)
+    > max concurrent RPCs               RESOURCE_EXHAUSTED  (grpc itself)
+    a bug here                          INTERNAL            ("internal error", details logged)
+
+Several gateway workers: the listening socket is bound without SO_REUSEPORT, so exactly one
+worker serves gRPC; the others log a warning and serve HTTP only (``start_grpc_server`` returns
+None). A port held by any other process is reported the same way, never shared silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from pydantic import ValidationError
+
+from services.auth import AuthError, Forbidden
+from services.grpc_codegen import ensure_stubs
+from services.http_guard import MAX_BODY_BYTES, build_access
+from services.prediction import ApiError
+from services.protocol import PredictRequest, PredictResponse
+
+# Before importing the stubs: a fresh checkout has none (they are generated, not committed).
+ensure_stubs()
+
+from services.grpc_gen.graphsage.v1 import predict_pb2 as pb  # noqa: E402
+from services.grpc_gen.graphsage.v1 import predict_pb2_grpc as pb_grpc  # noqa: E402
+
+log = logging.getLogger("graphsage.gateway.grpc")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphSAGE"].full_name  # graphsage.v1.GraphSAGE
+MAX_RECEIVE_BYTES = MAX_BODY_BYTES  # 1 MiB, as the HTTP body limit
+MAX_CONCURRENT_RPCS = 2048  # as the Gateway's traffic.max_concurrency
+DEFAULT_MODEL = PredictRequest.model_fields["model"].default
+
+_BY_HTTP_STATUS: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def status_for(http_status: int) -> grpc.StatusCode:
+    """The gRPC code for an ``ApiError`` status: any other 4xx is the caller's input
+    (INVALID_ARGUMENT), any other 5xx is ours (INTERNAL)."""
+    if http_status in _BY_HTTP_STATUS:
+        return _BY_HTTP_STATUS[http_status]
+    return grpc.StatusCode.INVALID_ARGUMENT if 400 <= http_status < 500 else grpc.StatusCode.INTERNAL
+
+
+class _Malformed:
+    """What the request deserializer returns for bytes that are not the message: the handler
+    answers INVALID_ARGUMENT (grpc's own deserialization failure would be INTERNAL)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except (DecodeError, ValueError, TypeError) as exc:
+            return _Malformed(f"request is not a valid {message_type.DESCRIPTOR.full_name}: {exc}")
+
+    return deserialize
+
+
+class _Reject(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str, trailers: Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.code, self.message, self.trailers = code, message, tuple(trailers)
+
+
+def describe_validation(exc: ValidationError, limit: int = 5) -> str:
+    parts = []
+    for err in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    more = exc.error_count() - limit
+    return "invalid request: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def to_request(msg: Any) -> PredictRequest:
+    """The proto request as the shared pydantic model; raises ``ValidationError``. Absent
+    ``optional`` fields and an empty ``fanout`` are None (the HTTP defaults)."""
+    params: dict[str, Any] = {
+        "node_ids": list(msg.node_ids),
+        "model": msg.model or DEFAULT_MODEL,
+        "embedding": msg.embedding,
+    }
+    if msg.fanout:
+        params["fanout"] = list(msg.fanout)
+    for name in ("version", "routing_key", "seed"):
+        if msg.HasField(name):
+            params[name] = getattr(msg, name)
+    return PredictRequest(**params)
+
+
+def to_proto(resp: PredictResponse) -> Any:
+    out = pb.PredictResponse(model=resp.model, degraded=resp.degraded,
+                             degraded_reason=resp.degraded_reason or "")
+    for p in resp.predictions:
+        node = out.predictions.add(node_id=p.node_id, stale=p.stale)
+        if p.label is not None:
+            node.label = p.label
+        if p.labels:
+            node.labels.extend(p.labels)
+        if p.score is not None:
+            node.score = p.score
+        node.probabilities.extend(p.probabilities)
+        if p.embedding:
+            node.embedding.extend(p.embedding)
+    return out
+
+
+def _trailers(headers: dict[str, str]) -> list[tuple[str, str]]:
+    return [(k.lower(), str(v)) for k, v in headers.items() if k.lower() in ("retry-after", "www-authenticate")]
+
+
+class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
+    """``graphsage.v1.GraphSAGE`` over a Gateway-like object: ``run_predict(PredictRequest)``
+    (raises ``ApiError``) and ``describe_models()``."""
+
+    def __init__(self, gateway: Any, auth: Any, limiter: Any) -> None:
+        self.gateway = gateway
+        self.auth = auth
+        self.limiter = limiter
+
+    async def _admit(self, context: grpc.aio.ServicerContext, scope: str) -> None:
+        metadata: dict[str, str] = {}
+        for key, value in context.invocation_metadata() or ():
+            if isinstance(value, str):
+                metadata.setdefault(key.lower(), value)
+        try:
+            principal = self.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)
+        except Forbidden as exc:
+            raise _Reject(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from exc
+        except AuthError as exc:
+            raise _Reject(grpc.StatusCode.UNAUTHENTICATED, str(exc), [("www-authenticate", "Bearer")]) from exc
+        decision = await self.limiter.acquire(principal.name)
+        if not decision.allowed:
+            raise _Reject(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limit exceeded",
+                          [("retry-after", str(max(1, math.ceil(decision.retry_after_s))))])
+
+    async def _serve(self, request: Any, context: grpc.aio.ServicerContext,
+                     body: Callable[[Any], Any], method: str) -> Any:
+        try:
+            if isinstance(request, _Malformed):
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            await self._admit(context, "predict")
+            return await body(request)
+        except _Reject as exc:
+            failure = exc
+        except ApiError as exc:
+            failure = _Reject(status_for(exc.status), exc.message, _trailers(exc.headers))
+        except Exception:  # noqa: BLE001 - a bug: logged here, a generic message to the caller
+            log.exception("gRPC %s failed", method)
+            failure = _Reject(grpc.StatusCode.INTERNAL, "internal error")
+        trailers = failure.trailers
+        if failure.code == grpc.StatusCode.UNAVAILABLE and not any(k == "retry-after" for k, _ in trailers):
+            trailers += (("retry-after", "1"),)  # as HTTP: every 503 says when to retry
+        # Outside the try: abort() ends the RPC by raising.
+        await context.abort(failure.code, failure.message, trailers)
+
+    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body(msg: Any) -> Any:
+            try:
+                req = to_request(msg)
+            except ValidationError as exc:  # only the request's: a ValidationError later is a bug
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, describe_validation(exc)) from exc
+            return to_proto(await self.gateway.run_predict(req))
+
+        return await self._serve(request, context, body, "Predict")
+
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body(_: Any) -> Any:
+            doc = await self.gateway.describe_models()
+            runner = doc.get("model_runner")
+            loaded = runner.get("loaded", []) if isinstance(runner, dict) else []
+            tags = [m.get("tag", "") if isinstance(m, dict) else str(m) for m in loaded]
+            return pb.ListModelsResponse(routing_json=json.dumps(doc.get("routing"), sort_keys=True),
+                                         loaded_models=[t for t in tags if t],
+                                         details_json=json.dumps(doc, sort_keys=True, default=str))
+
+        return await self._serve(request, context, body, "ListModels")
+
+
+def rpc_handler(servicer: GraphSAGEServicer) -> grpc.GenericRpcHandler:
+    """Like the generated ``add_GraphSAGEServicer_to_server``, but with a deserializer that turns
+    undecodable bytes into INVALID_ARGUMENT instead of grpc's INTERNAL."""
+    handlers = {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            servicer.Predict, request_deserializer=_lenient(pb.PredictRequest),
+            response_serializer=pb.PredictResponse.SerializeToString),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels, request_deserializer=_lenient(pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth: Any = None,
+                            limiter: Any = None, max_receive_bytes: int = MAX_RECEIVE_BYTES,
+                            max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS) -> grpc.aio.Server | None:
+    """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (all interfaces
+    by default; port 0 picks a free one) and return the started server, or None (logged) when
+    the port cannot be bound, e.g. another gateway worker holds it. ``auth``/``limiter``
+    default to those ``build_access(settings())`` builds. The bound port is recorded as
+    ``server.bound_port``."""
+    from runners.config import settings
+
+    auth, limiter = build_access(settings(), auth, limiter)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.so_reuseport", 0),  # a taken port is an error, never silently shared
+        ],
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+    )
+    server.add_generic_rpc_handlers((rpc_handler(GraphSAGEServicer(gateway, auth, limiter)),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc >= 1.5x raises; older versions return 0
+        log.debug("binding %s: %s", address, exc)
+        bound = 0
+    if not bound:
+        log.warning("gRPC front end NOT started: cannot bind %s (port in use, e.g. by another "
+                    "gateway worker, which then serves gRPC). This worker serves HTTP only.", address)
+        await server.stop(None)
+        return None
+    await server.start()
+    server.bound_port = bound  # type: ignore[attr-defined]
+    log.info("gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d", host, bound)
+    return server

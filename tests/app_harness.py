@@ -1,0 +1,160 @@
+"""Start the composed app for integration tests: a model store, then the three services as
+separate processes on free loopback ports (BentoML's split ``start-http-server`` mode, as the
+container runs them), each stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICE = "services.gateway:Gateway"
+START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_export(home: str, *args: str) -> dict:
+    """Run ``python -m training_export ...`` against ``home``; returns its JSON result."""
+    env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}
+    out = subprocess.run([sys.executable, "-m", "training_export", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"training_export {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout)
+
+
+def build_demo_store(home: str) -> tuple[str, str]:
+    """A small graph and two model versions (mean, then pool): (v1 tag, v2 tag)."""
+    small = ["--nodes", "4000", "--edges", "40000", "--epochs", "1", "--hidden", "32"]
+    v1 = run_export(home, "demo", *small)["graphsage"]
+    v2 = run_export(home, "train", "--aggregator", "pool", "--epochs", "1", "--hidden", "32")["graphsage"]
+    return v1, v2
+
+
+def private_home(home: str, name: str) -> str:
+    """A BentoML home of one's own that shares ``home``'s model store. Each arbiter wipes
+    ``$BENTOML_HOME/prometheus_multiproc_dir`` at start, so services on one machine (as in a
+    container each) need separate homes or the last one started erases the others' metrics."""
+    own = os.path.join(os.path.dirname(home.rstrip("/")), f".home-{name}")
+    os.makedirs(own, exist_ok=True)
+    link = os.path.join(own, "models")
+    if not os.path.islink(link):
+        os.symlink(os.path.join(home, "models"), link)
+    return own
+
+
+class Service:
+    """One BentoML service in its own process group."""
+
+    def __init__(self, name: str, port: int, env: dict[str, str], depends: dict[str, str] | None = None,
+                 workers: int = 1, log_dir: str | None = None) -> None:
+        self.name, self.port, self.env, self.workers = name, port, env, workers
+        self.depends = depends or {}
+        self.log_path = os.path.join(log_dir or "/tmp", f"{name}-{port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait_s: float = 90.0) -> "Service":
+        env = {**self.env, "BENTOML_HOME": private_home(self.env["BENTOML_HOME"], f"{self.name}-{self.port}")}
+        cmd = [*START, SERVICE, "--service-name", self.name, "--port", str(self.port), "--host", "127.0.0.1",
+               "--api-workers", str(self.workers)]
+        for dep, url in self.depends.items():
+            cmd += ["--depends", f"{dep}={url}"]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return self
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready after {wait_s}s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+        """Signal the arbiter and every worker: BentoML's workers run in sessions of their own,
+        so a process-group kill would leave them serving."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        _, alive = psutil.wait_procs(tree, timeout=timeout_s)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return Path(self.log_path).read_text(errors="replace")[-chars:]
+        return ""
+
+
+class SplitApp:
+    """Gateway + FeatureRunner + GraphSAGERunner as separate processes."""
+
+    def __init__(self, home: str, env: dict[str, str] | None = None, model_workers: int = 1,
+                 log_dir: str | None = None) -> None:
+        self.env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
+        self.feature = Service("FeatureRunner", free_port(), self.env, log_dir=log_dir)
+        self.model = Service("GraphSAGERunner", free_port(), self.env, workers=model_workers, log_dir=log_dir)
+        self.gateway = self.gateway_for(self.env)
+        self.grpc_port = int(self.env.get("GSAGE_GRPC_PORT", "0"))
+
+    def gateway_for(self, env: dict[str, str]) -> Service:
+        deps = {"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url}
+        return Service("Gateway", free_port(), env, depends=deps, log_dir=None)
+
+    def start(self) -> "SplitApp":
+        self.feature.start()
+        self.model.start()
+        self.gateway.start()
+        return self
+
+    def stop(self) -> None:
+        for svc in (self.gateway, self.model, self.feature):
+            svc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in (self.gateway, self.feature, self.model))
+
+
+@contextlib.contextmanager
+def running(app: SplitApp) -> Iterator[SplitApp]:
+    app.start()
+    try:
+        yield app
+    finally:
+        app.stop()

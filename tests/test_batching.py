@@ -1,0 +1,232 @@
+"""``runners.batching.AdaptiveBatcher`` on its own: no server, no model (``asyncio.run`` per test).
+
+The batcher is created inside the running loop of each test: its ``asyncio.Queue`` binds to the
+loop that first uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from runners.batching import AdaptiveBatcher, BatchStats
+
+
+class Recorder:
+    """A handler that records every batch it receives; optional delay, gate and failure."""
+
+    def __init__(self, delay_s: float = 0.0, fail_on: object = None, gate: asyncio.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.fail_on = fail_on
+        self.gate = gate
+        self.calls: list[list] = []
+
+    async def __call__(self, items: list) -> list:
+        self.calls.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_on is not None and self.fail_on in items:
+            raise ValueError(f"bad item {self.fail_on!r} in batch")
+        return [("done", x) for x in items]
+
+
+def test_concurrent_submits_are_merged_into_fewer_handler_calls():
+    async def main():
+        handler = Recorder(delay_s=0.01)
+        batcher = AdaptiveBatcher(handler, max_batch_size=256)
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(100)))
+        assert results == [("done", i) for i in range(100)]
+        assert sum(len(c) for c in handler.calls) == 100
+        assert len(handler.calls) <= 3, [len(c) for c in handler.calls]
+        return batcher.stats
+
+    stats = asyncio.run(main())
+    assert stats.items == 100 and stats.batches <= 3
+
+
+def test_batches_grow_with_load_while_one_batch_is_in_flight():
+    """Items arriving while a batch computes form the next batch (one batch in flight)."""
+
+    async def main():
+        handler = Recorder(delay_s=0.02)
+        batcher = AdaptiveBatcher(handler, max_batch_size=256)
+
+        async def caller(i: int):
+            await asyncio.sleep(0.001 * i)  # staggered arrivals over ~60 ms
+            return await batcher.submit(i)
+
+        results = await asyncio.gather(*(caller(i) for i in range(60)))
+        assert results == [("done", i) for i in range(60)]
+        assert len(handler.calls) < 20
+        assert max(len(c) for c in handler.calls) > 1
+
+    asyncio.run(main())
+
+
+def test_max_batch_size_counts_units_and_an_oversized_item_runs_alone():
+    async def main():
+        handler = Recorder(delay_s=0.005)
+        batcher = AdaptiveBatcher(handler, max_batch_size=10, size_of=lambda x: x)
+        sizes = [3, 3, 3, 3, 4, 25, 1, 9, 2, 2, 10, 7, 7]
+        results = await asyncio.gather(*(batcher.submit(s) for s in sizes))
+        assert results == [("done", s) for s in sizes]
+        for call in handler.calls:
+            assert sum(call) <= 10 or call == [25], handler.calls
+        assert [25] in handler.calls
+        # FIFO: the overflow item goes back to the front, so batches follow submission order.
+        assert [x for call in handler.calls for x in call] == sizes
+        assert batcher.stats.units == sum(sizes)
+
+    asyncio.run(main())
+
+
+def test_results_reach_the_right_caller_in_order():
+    async def main():
+        async def square(items: list[int]) -> list[int]:
+            await asyncio.sleep(0)
+            return [x * x for x in items]
+
+        batcher = AdaptiveBatcher(square, max_batch_size=7)
+        values = list(range(-20, 43))
+        results = await asyncio.gather(*(batcher.submit(v) for v in values))
+        assert results == [v * v for v in values]
+
+    asyncio.run(main())
+
+
+def test_handler_exception_reaches_every_caller_of_the_batch_and_the_batcher_keeps_working():
+    async def main():
+        gate = asyncio.Event()
+        handler = Recorder(fail_on="bad", gate=gate)
+        batcher = AdaptiveBatcher(handler, max_batch_size=256)
+        first = asyncio.ensure_future(batcher.submit("first"))  # occupies the handler
+        await asyncio.sleep(0.01)
+        doomed = [asyncio.ensure_future(batcher.submit(x)) for x in ("a", "bad", "b")]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert await first == ("done", "first")
+        outcomes = await asyncio.gather(*doomed, return_exceptions=True)
+        assert handler.calls[1] == ["a", "bad", "b"]
+        assert all(isinstance(o, ValueError) and "bad item" in str(o) for o in outcomes), outcomes
+        # later batches are unaffected
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(5))) == [("done", i) for i in range(5)]
+
+    asyncio.run(main())
+
+
+def test_handler_returning_the_wrong_number_of_results_fails_the_batch_clearly():
+    async def main():
+        calls = 0
+
+        async def short(items: list) -> list:
+            nonlocal calls
+            calls += 1
+            return items[:-1] if calls == 1 else items
+
+        batcher = AdaptiveBatcher(short)
+        outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+        assert all(isinstance(o, RuntimeError) and "2 results for 3 items" in str(o) for o in outcomes), outcomes
+        assert await batcher.submit(9) == 9
+
+    asyncio.run(main())
+
+
+def test_max_delay_waits_for_company():
+    async def main():
+        handler = Recorder()
+        batcher = AdaptiveBatcher(handler, max_batch_size=256, max_delay_s=0.3)
+        first = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.03)
+        second = asyncio.ensure_future(batcher.submit(2))
+        assert await asyncio.gather(first, second) == [("done", 1), ("done", 2)]
+        assert handler.calls == [[1, 2]]
+
+    asyncio.run(main())
+
+
+def test_max_delay_stops_waiting_once_the_batch_is_full():
+    async def main():
+        handler = Recorder()
+        batcher = AdaptiveBatcher(handler, max_batch_size=2, max_delay_s=5.0)
+        started = time.perf_counter()
+        assert await asyncio.gather(batcher.submit(1), batcher.submit(2)) == [("done", 1), ("done", 2)]
+        assert time.perf_counter() - started < 1.0
+        assert handler.calls == [[1, 2]]
+
+    asyncio.run(main())
+
+
+def test_a_lone_request_waits_out_max_delay_but_zero_adds_no_latency():
+    async def lone(delay_s: float) -> float:
+        batcher = AdaptiveBatcher(Recorder(), max_delay_s=delay_s)
+        await batcher.submit("warm-up")  # worker task started
+        started = time.perf_counter()
+        assert await batcher.submit("x") == ("done", "x")
+        return time.perf_counter() - started
+
+    waited = asyncio.run(lone(0.15))
+    immediate = min(asyncio.run(lone(0.0)) for _ in range(3))
+    assert waited >= 0.14, waited
+    assert immediate < 0.02, immediate
+
+
+def test_cancelled_callers_do_not_break_the_batcher():
+    async def main():
+        gate = asyncio.Event()
+        handler = Recorder(gate=gate)
+        batcher = AdaptiveBatcher(handler, max_batch_size=256)
+        busy = asyncio.ensure_future(batcher.submit("busy"))
+        await asyncio.sleep(0.01)
+        # cancelled while queued: never reaches the handler
+        queued_then_cancelled = asyncio.ensure_future(batcher.submit("gone"))
+        kept = asyncio.ensure_future(batcher.submit("kept"))
+        await asyncio.sleep(0.01)
+        queued_then_cancelled.cancel()
+        # cancelled while its batch computes: the result is dropped silently
+        busy.cancel()
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert await kept == ("done", "kept")
+        with pytest.raises(asyncio.CancelledError):
+            await queued_then_cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await busy
+        assert handler.calls == [["busy"], ["kept"]]
+        # a caller timing out (wait_for cancels it) is the same case
+        gate.clear()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(batcher.submit("slow"), 0.02)
+        gate.set()
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(4))) == [("done", i) for i in range(4)]
+
+    asyncio.run(main())
+
+
+def test_stats_record_batches_items_and_queue_vs_compute_time():
+    seen: list[tuple[int, int, float, float]] = []
+
+    def on_batch(s: BatchStats) -> None:
+        seen.append((s.batches, s.last_batch_units, s.last_batch_queue_s, s.last_batch_compute_s))
+
+    async def main():
+        batcher = AdaptiveBatcher(Recorder(delay_s=0.05), max_batch_size=256, size_of=lambda x: x, on_batch=on_batch)
+        first = asyncio.ensure_future(batcher.submit(2))
+        await asyncio.sleep(0.01)
+        # these wait ~40 ms in the queue behind the first batch, then compute together
+        rest = [asyncio.ensure_future(batcher.submit(s)) for s in (3, 4)]
+        await asyncio.gather(first, *rest)
+        return batcher.stats
+
+    stats = asyncio.run(main())
+    assert (stats.batches, stats.items, stats.units) == (2, 3, 9)
+    assert [(b, u) for b, u, _, _ in seen] == [(1, 2), (2, 7)]
+    assert seen[0][2] < 0.02  # a lone first request barely queues
+    assert 0.025 <= seen[1][2] < 0.5  # queued behind the first batch
+    assert all(0.045 <= c < 0.5 for _, _, _, c in seen)
+    assert stats.compute_seconds == pytest.approx(seen[0][3] + seen[1][3])
+    assert stats.queue_seconds == pytest.approx(seen[0][2] + seen[1][2])
+    assert stats.last_batch_units == 7

@@ -1,0 +1,275 @@
+"""End to end: the composed app as separate processes (split ``start-http-server`` mode), a real
+model store with two versions, auth on, a routing file; faults injected by killing processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import httpx
+import numpy as np
+import pytest
+
+from services.auth import KeyEntry, generate_key, hash_key, write_entries
+from tests.app_harness import SplitApp, build_demo_store, free_port
+from tests.conftest import bentoml_home
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    home = str(root / "bentoml")
+    v1, v2 = build_demo_store(home)
+    keys = {"predict": generate_key(), "admin": generate_key(), "noscope": generate_key()}
+    write_entries(str(root / "keys.json"), [
+        KeyEntry("client", hash_key(keys["predict"]), frozenset({"predict"})),
+        KeyEntry("ops", hash_key(keys["admin"]), frozenset({"predict", "admin"})),
+        KeyEntry("admin-only", hash_key(keys["noscope"]), frozenset({"admin"})),
+    ])
+    (root / "routes.json").write_text(json.dumps(
+        {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}))
+    settings_env = {
+        "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(root / "keys.json"),
+        "GSAGE_ROUTING_FILE": str(root / "routes.json"), "GSAGE_MODEL_TAGS": v1,
+        "GSAGE_RUNNER_TIMEOUT_S": "2", "GSAGE_BREAKER_RESET_S": "1", "GSAGE_BREAKER_FAILURES": "3",
+        "GSAGE_GRPC_PORT": str(free_port()),
+    }
+    return {"home": home, "v1": v1, "v2": v2, "keys": keys, "settings": settings_env, "root": root}
+
+
+@pytest.fixture(scope="module")
+def app(env):
+    app = SplitApp(env["home"], env["settings"], model_workers=2)
+    app.start()
+    yield app
+    app.stop()
+
+
+def auth(env, which: str = "predict") -> dict[str, str]:
+    return {"Authorization": f"Bearer {env['keys'][which]}"}
+
+
+def predict(app, env, body, which="predict", timeout=10.0) -> httpx.Response:
+    return httpx.post(app.gateway.url + "/predict", json=body, headers=auth(env, which), timeout=timeout)
+
+
+def admin(app, env, body) -> httpx.Response:
+    return httpx.post(app.gateway.url + "/admin/routing", json=body, headers=auth(env, "admin"), timeout=30)
+
+
+def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarray:
+    import onnxruntime as ort
+
+    from runners.feature_tensor import compact
+    from runners.model_artifacts import load_artifacts
+    from runners.sampling import sample_tree
+    from runners.snapshot import load_snapshot
+
+    with bentoml_home(env["home"]):
+        snap, art = load_snapshot(), load_artifacts(tag)
+        tree = sample_tree(snap.indptr, snap.indices, np.array(node_ids), art.config.fanout, seed=seed)
+        unique, index = compact(tree)
+        sess = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
+        feed = {"features": np.asarray(snap.features[unique]), **{f"idx{d}": i for d, i in enumerate(index)}}
+        return sess.run(["probs"], feed)[0]
+
+
+def test_predict_equals_in_process_computation(app, env):
+    ids = [0, 5, 17, 3999, 5]
+    r = predict(app, env, {"node_ids": ids, "seed": 1234})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == env["v1"] and body["degraded"] is False
+    got = np.array([p["probabilities"] for p in body["predictions"]])
+    np.testing.assert_allclose(got, in_process_probs(env, env["v1"], ids, 1234), atol=1e-5)
+    assert [p["node_id"] for p in body["predictions"]] == ids
+    assert [p["label"] for p in body["predictions"]] == list(got.argmax(1))
+
+
+def test_auth_and_scopes(app, env):
+    url = app.gateway.url + "/predict"
+    body = {"node_ids": [1]}
+    assert httpx.post(url, json=body).status_code == 401
+    wrong = httpx.post(url, json=body, headers={"Authorization": "Bearer gsk_wrong"})
+    assert wrong.status_code == 401 and "gsk_wrong" not in wrong.text
+    assert predict(app, env, body, "noscope").status_code == 403
+    assert httpx.post(url, json=body, headers={"X-API-Key": env["keys"]["predict"]}).status_code == 200
+    r = httpx.post(app.gateway.url + "/admin/routing", json={"action": "rollback"}, headers=auth(env, "predict"))
+    assert r.status_code == 403
+    assert httpx.get(app.gateway.url + "/models").status_code == 401
+    models = httpx.get(app.gateway.url + "/models", headers=auth(env)).json()
+    assert models["routing"]["models"]["graphsage"]["routes"][0]["version"] == env["v1"]
+    assert any(m["tag"] == env["v1"] for m in models["model_runner"]["loaded"])
+
+
+BAD_BODIES = [
+    ({}, None), ({"node_ids": []}, None), ({"node_ids": ["a"]}, None), ({"node_ids": [1.5]}, None),
+    ({"node_ids": [-1]}, None), ({"node_ids": [10**20]}, None), ({"node_ids": [True]}, None),
+    ({"node_ids": [10**9]}, None), ({"node_ids": [1], "fanout": [100, 100]}, None),
+    ({"node_ids": [1], "fanout": [1]}, None), ({"node_ids": [1], "fanout": [0, 1]}, None),
+    ({"node_ids": [1], "version": "bad tag!!"}, None), ({"node_ids": [1], "model": "nope"}, 404),
+    ({"node_ids": [1], "version": "doesnotexist"}, 404), ({"node_ids": [1], "seed": -1}, None),
+    ({"node_ids": [1], "seed": "x"}, None), ({"node_ids": [1], "surprise": 1}, None),
+    ({"node_ids": list(range(2000))}, None), ({"node_ids": 7}, None), ([1, 2], None),
+]
+
+
+@pytest.mark.parametrize("body,status", BAD_BODIES)
+def test_bad_json_input_is_a_clear_4xx(app, env, body, status):
+    r = predict(app, env, body)
+    assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+    if status:
+        assert r.status_code == status, r.text
+    assert "error" in r.json()
+
+
+def test_bad_transport_input_is_a_clear_4xx(app, env):
+    url, h = app.gateway.url + "/predict", auth(env)
+    cases = [
+        httpx.post(url, content=b'{"node_ids": [NaN]}', headers={**h, "content-type": "application/json"}),
+        httpx.post(url, content=b"{not json", headers={**h, "content-type": "application/json"}),
+        httpx.post(url, content=b"node_ids=1", headers={**h, "content-type": "text/plain"}),
+        httpx.post(url, content=b"\x80\x04K\x01.", headers={**h, "content-type": "application/vnd.bentoml+pickle"}),
+        httpx.post(url, content=b"{" + b" " * (2 << 20) + b"}", headers={**h, "content-type": "application/json"}),
+    ]
+    statuses = [r.status_code for r in cases]
+    assert all(400 <= s < 500 for s in statuses), statuses
+    assert statuses[3] == 415 and statuses[4] == 413
+
+
+async def _load(url: str, headers: dict, seconds: float, concurrency: int, body_fn) -> Counter:
+    outcomes: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=concurrency)) as client:
+        async def worker(w: int) -> None:
+            n = 0
+            while time.monotonic() < deadline:
+                try:
+                    r = await client.post(url, json=body_fn(w, n), headers=headers)
+                    outcomes[r.status_code if r.status_code != 200 else r.json()["model"]] += 1
+                except httpx.HTTPError as exc:
+                    outcomes[type(exc).__name__] += 1
+                n += 1
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return outcomes
+
+
+def test_concurrent_load_has_zero_errors(app, env):
+    # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
+    out = asyncio.run(_load(app.gateway.url + "/predict", auth(env), 6.0, 32,
+                            lambda w, n: {"node_ids": [(w * 997 + n) % 4000]}))
+    total = sum(out.values())
+    assert out[env["v1"]] == total and total > 150, out
+
+
+def test_canary_weights_and_stickiness(app, env):
+    r = admin(app, env, {"action": "set_weights", "model": "graphsage", "weights": {env["v1"]: 70, env["v2"]: 30}})
+    assert r.status_code == 200, r.text
+    time.sleep(1.5)  # every worker polls the routing file once a second
+    share = Counter(predict(app, env, {"node_ids": [i % 4000]}).json()["model"] for i in range(300))
+    assert set(share) == {env["v1"], env["v2"]}
+    assert abs(share[env["v2"]] / 300 - 0.3) < 0.1, share  # 0.3 +- ~3.8 sd
+    for key in ("alice", "bob", "carol", "dave", "erin"):
+        seen = {predict(app, env, {"node_ids": [1], "routing_key": key}).json()["model"] for _ in range(8)}
+        assert len(seen) == 1, (key, seen)
+    pinned = predict(app, env, {"node_ids": [1], "version": env["v2"].split(":")[1], "routing_key": "alice"})
+    assert pinned.json()["model"] == env["v2"]
+
+
+def test_promote_and_rollback_under_load(app, env):
+    async def scenario() -> Counter:
+        load = asyncio.create_task(_load(app.gateway.url + "/predict", auth(env), 7.0, 16,
+                                         lambda w, n: {"node_ids": [(w * 31 + n) % 4000]}))
+        await asyncio.sleep(1.5)
+        assert (await asyncio.to_thread(admin, app, env, {"action": "promote", "version": env["v2"]})).status_code == 200
+        await asyncio.sleep(2.5)
+        assert (await asyncio.to_thread(admin, app, env, {"action": "rollback"})).status_code == 200
+        return await load
+
+    out = asyncio.run(scenario())
+    failures = {k: v for k, v in out.items() if k not in (env["v1"], env["v2"])}
+    assert not failures, out
+    assert out[env["v2"]] > 0 and out[env["v1"]] > 0, out
+
+
+def test_rate_limit_then_recovery(app, env):
+    limited_env = {**app.env, "GSAGE_RATE_LIMIT_PER_S": "1", "GSAGE_RATE_LIMIT_BURST": "2", "GSAGE_GRPC_PORT": "0"}
+    gw = app.gateway_for(limited_env).start()
+    try:
+        url, h = gw.url + "/predict", auth(env)
+        codes = [httpx.post(url, json={"node_ids": [1]}, headers=h, timeout=10) for _ in range(4)]
+        assert [c.status_code for c in codes[:2]] == [200, 200]
+        limited = [c for c in codes if c.status_code == 429]
+        assert limited and int(limited[0].headers["Retry-After"]) >= 1
+        time.sleep(int(limited[0].headers["Retry-After"]) + 0.2)
+        assert httpx.post(url, json={"node_ids": [1]}, headers=h, timeout=10).status_code == 200
+    finally:
+        gw.stop()
+
+
+def test_grpc_answers_equal_http(app, env):
+    grpc_client = pytest.importorskip("services.grpc_client")
+    ids = [3, 1, 4, 1, 5]
+    http = predict(app, env, {"node_ids": ids, "seed": 99, "version": env["v1"]}).json()
+    rpc = grpc_client.predict(f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}", ids, api_key=env["keys"]["predict"],
+                              seed=99, version=env["v1"])
+    assert rpc["model"] == http["model"]
+    np.testing.assert_allclose([p["probabilities"] for p in rpc["predictions"]],
+                               [p["probabilities"] for p in http["predictions"]], atol=1e-6)
+
+
+def test_metrics_expose_stages_and_versions(app, env):
+    # Split deployment: each service exposes its own /metrics (bentoml serve merges them).
+    assert predict(app, env, {"node_ids": [1, 2]}).status_code == 200
+    expected = {
+        app.gateway: ("gateway_requests_total", "gateway_request_seconds", "gateway_breaker_state"),
+        app.feature: ("feature_stage_seconds", "feature_lookups_total", "feature_response_bytes"),
+        app.model: ("graphsage_batch_targets", "graphsage_queue_seconds", "graphsage_compute_seconds",
+                    "graphsage_requests_total"),
+    }
+    for service, names in expected.items():
+        text = httpx.get(service.url + "/metrics").text
+        for name in names:
+            assert name in text, (service.name, name)
+    assert 'stage="sample"' in httpx.get(app.feature.url + "/metrics").text
+
+
+def test_feature_runner_down_gives_degraded_answers_then_recovers(app, env):
+    assert predict(app, env, {"node_ids": [42], "version": env["v1"]}).status_code == 200
+    app.feature.kill()
+    try:
+        for _ in range(6):
+            started = time.monotonic()
+            r = predict(app, env, {"node_ids": [42, 43], "version": env["v1"]})
+            assert r.status_code == 200 and time.monotonic() - started < 3.0, r.text
+            body = r.json()
+            assert body["degraded"] is True and "feature runner" in body["degraded_reason"]
+            assert body["predictions"][0]["stale"] is True and body["predictions"][0]["label"] is not None
+    finally:
+        app.feature.start()
+    restarted = time.monotonic()
+    while time.monotonic() - restarted < 5.0:
+        body = predict(app, env, {"node_ids": [42]}).json()
+        if not body["degraded"]:
+            break
+        time.sleep(0.2)
+    assert body["degraded"] is False, "full answers should resume within 5 s of the restart"
+
+
+def test_model_runner_down_gives_503_then_recovers(app, env):
+    app.model.kill()
+    try:
+        for _ in range(4):
+            r = predict(app, env, {"node_ids": [7]})
+            assert r.status_code == 503, r.text
+            assert "error" in r.json()
+    finally:
+        app.model.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and predict(app, env, {"node_ids": [7]}).status_code != 200:
+        time.sleep(0.3)
+    assert predict(app, env, {"node_ids": [7]}).status_code == 200

@@ -1,0 +1,326 @@
+"""The GraphSAGERunner's core (``runners.inference``) without a server.
+
+Served parity with PyG per aggregator and backend, batch merging (rebasing, fanout padding),
+mixed-version batches, refusal of inputs that do not fit, and hot-load/unload of versions while
+requests flow through the same batcher + worker-thread path as ``runners/graphsage.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from runners import wire
+from runners.batching import AdaptiveBatcher
+from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode
+from runners.inference import (
+    IncompatibleInput,
+    InferenceItem,
+    ModelRegistry,
+    UnknownVersion,
+    check_compatible,
+    run_batch,
+)
+from runners.model_config import AGGREGATORS, ModelConfig
+from runners.sampling import sample_tree
+from tests.graphs import small_graph
+from training_export.export import export_and_verify, parity_targets
+from training_export.pyg_model import PygGraphSAGE, mfg_tensors
+from training_export.train import TrainSpec, train_graphsage
+
+TOL = 1e-4
+
+
+@functools.lru_cache(maxsize=None)
+def trained(aggregator: str) -> tuple[PygGraphSAGE, dict]:
+    """A tiny trained model per aggregator, trained once per test session."""
+    g = small_graph()
+    cfg = ModelConfig(in_dim=g.feature_dim, hidden_dim=16, num_classes=g.num_classes, aggregator=aggregator)
+    spec = TrainSpec(epochs=1, max_train_nodes=512 if aggregator != "lstm" else 256, eval_nodes=32)
+    model, metrics = train_graphsage(g, cfg, spec, progress=False)
+    return model.eval(), metrics
+
+
+def save(aggregator: str) -> str:
+    """Export + parity + save into the current (per-test) model store; returns the tag."""
+    model, metrics = trained(aggregator)
+    tag, parity = export_and_verify(model, small_graph(), metrics, parity_count=32)
+    assert parity["passed"], parity
+    return tag
+
+
+def feature_tensor(targets, fanout=(25, 10), seed: int = 0) -> tuple[FeatureTensor, list[np.ndarray]]:
+    """Sample + compact + gather, as the FeatureRunner does; also returns the sampled tree."""
+    g = small_graph()
+    tree = sample_tree(g.indptr, g.indices, np.asarray(targets, dtype=np.int64), fanout, seed=seed)
+    unique, index = compact(tree)
+    features = np.ascontiguousarray(g.features[unique], dtype=np.float32)
+    return FeatureTensor(features=features, index=index, snapshot=g.tag), tree
+
+
+def pyg_forward(aggregator: str, tree) -> tuple[np.ndarray, np.ndarray]:
+    model, _ = trained(aggregator)
+    with torch.no_grad():
+        logits, embedding = model(*mfg_tensors(tree, small_graph().features))
+    return logits.numpy(), embedding.numpy()
+
+
+def assert_close_same_argmax(got: np.ndarray, want: np.ndarray, tol: float = TOL) -> None:
+    assert got.shape == want.shape
+    assert float(np.abs(got - want).max()) <= tol, float(np.abs(got - want).max())
+    np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
+
+
+# --- served parity ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("aggregator", AGGREGATORS)
+def test_served_outputs_equal_pyg_per_aggregator_and_backend(model_store, aggregator):
+    g = small_graph()
+    tag = save(aggregator)
+    # hubs (full fanout everywhere), random nodes, and an isolated node if the graph has one
+    targets = parity_targets(g, 48, seed=3)
+    isolated = np.flatnonzero(g.degrees() == 0)
+    if isolated.size:
+        targets = np.concatenate([targets, isolated[:2]])
+    ft, tree = feature_tensor(targets, seed=11)
+    want_logits, want_embedding = pyg_forward(aggregator, tree)
+    want_probs = torch.softmax(torch.from_numpy(want_logits), -1).numpy()
+    for backend in ("onnx", "torch"):
+        registry = ModelRegistry(backend)
+        (out,) = run_batch(registry, [InferenceItem(tag, ft, want_embedding=True)])
+        assert out["model"] == tag and out["task"] == "multiclass"
+        assert out["backend"].startswith(backend)
+        assert_close_same_argmax(out["logits"], want_logits)
+        np.testing.assert_allclose(out["probs"], want_probs, atol=TOL)
+        np.testing.assert_allclose(out["probs"].sum(1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(out["embedding"], want_embedding, atol=TOL)
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "lstm"])
+def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
+    """Different sizes, an item sampled with a smaller fanout (padded up to the model's), and
+    overlapping nodes across items (rows are rebased per item, never shared)."""
+    g = small_graph()
+    tag = save(aggregator)
+    hubs = np.argsort(-g.degrees(), kind="stable")
+    specs = [
+        (hubs[:1], (25, 10), 1),
+        (hubs[:17], (25, 10), 2),  # overlaps the first item
+        (hubs[5:12], (10, 5), 3),  # smaller fanout: padded to (25, 10)
+        (np.arange(100, 140), (25, 10), 4),
+        (hubs[:3], (25, 3), 5),
+    ]
+    items, trees = [], []
+    for targets, fanout, seed in specs:
+        ft, tree = feature_tensor(targets, fanout, seed)
+        items.append(InferenceItem(tag, ft, want_embedding=True))
+        trees.append(tree)
+    registry = ModelRegistry("onnx")
+    batched = run_batch(registry, items)
+    assert len(batched) == len(items)
+    for item, tree, out in zip(items, trees, batched):
+        (alone,) = run_batch(registry, [item])
+        assert out["logits"].shape == (item.tensor.num_targets, g.num_classes)
+        np.testing.assert_allclose(out["logits"], alone["logits"], atol=1e-5)
+        np.testing.assert_allclose(out["embedding"], alone["embedding"], atol=1e-5)
+        want_logits, _ = pyg_forward(aggregator, tree)  # PyG on the unpadded tree
+        assert_close_same_argmax(out["logits"], want_logits)
+
+
+def test_mixed_version_batch_is_split_by_version(model_store):
+    g = small_graph()
+    v_mean, v_pool = save("mean"), save("pool")
+    registry = ModelRegistry("onnx")
+    items, trees, versions = [], [], []
+    for n, (version, aggregator) in enumerate([(v_mean, "mean"), (v_pool, "pool"), (v_pool, "pool"),
+                                              (v_mean, "mean"), (v_pool, "pool")]):
+        ft, tree = feature_tensor(np.arange(n * 7, n * 7 + n + 1), seed=n)
+        items.append(InferenceItem(version, ft))
+        trees.append(tree)
+        versions.append((version, aggregator))
+    results = run_batch(registry, items)
+    assert registry.tags() == {v_mean, v_pool}  # both hot-loaded on demand from the store
+    for (version, aggregator), tree, out in zip(versions, trees, results):
+        assert out["model"] == version
+        assert "embedding" not in out
+        assert_close_same_argmax(out["logits"], pyg_forward(aggregator, tree)[0])
+    # the same item under the other version gets that version's answer
+    same = [InferenceItem(v_mean, items[0].tensor), InferenceItem(v_pool, items[0].tensor)]
+    a, b = run_batch(registry, same)
+    assert (a["model"], b["model"]) == (v_mean, v_pool)
+    assert float(np.abs(a["logits"] - b["logits"]).max()) > 1e-3
+    assert_close_same_argmax(b["logits"], pyg_forward("pool", trees[0])[0])
+
+
+# --- refusal ----------------------------------------------------------------------------------
+
+
+def test_mismatched_inputs_are_refused_with_a_clear_message(model_store):
+    tag = save("mean")
+    loaded = ModelRegistry("onnx").load(tag)
+    good, _ = feature_tensor([1, 2, 3])
+    check_compatible(loaded, good)
+    smaller, _ = feature_tensor([1, 2, 3], fanout=(10, 5))
+    check_compatible(loaded, smaller)  # smaller fanouts are padded up, never refused
+
+    narrow = FeatureTensor(features=good.features[:, :64].copy(), index=good.index)
+    with pytest.raises(IncompatibleInput, match=r"expects 128-dim features, got 64"):
+        check_compatible(loaded, narrow)
+    one_hop, _ = feature_tensor([1, 2, 3], fanout=(25,))
+    with pytest.raises(IncompatibleInput, match=r"has 2 hops, the request sampled 1"):
+        check_compatible(loaded, one_hop)
+    three_hops, _ = feature_tensor([1, 2, 3], fanout=(25, 10, 5))
+    with pytest.raises(IncompatibleInput, match=r"has 2 hops, the request sampled 3"):
+        check_compatible(loaded, three_hops)
+    too_wide, _ = feature_tensor([1, 2, 3], fanout=(30, 10))
+    with pytest.raises(IncompatibleInput, match=r"fanout \[25, 10\], the request sampled \[30, 10\]"):
+        check_compatible(loaded, too_wide)
+    assert issubclass(IncompatibleInput, ValueError)  # the service maps it to 422
+
+
+def test_unknown_versions_are_refused(model_store):
+    tag = save("mean")
+    registry = ModelRegistry("onnx")
+    with pytest.raises(UnknownVersion, match="graphsage:nosuchversion"):
+        registry.load("graphsage:nosuchversion")
+    with pytest.raises(UnknownVersion):
+        registry.load("other-model:latest")
+    ft, _ = feature_tensor([1])
+    with pytest.raises(UnknownVersion):
+        run_batch(registry, [InferenceItem("graphsage:nosuchversion", ft)])
+    assert registry.tags() == set()
+    assert registry.load("graphsage:latest").artifacts.tag == tag
+    assert registry.tags() == {tag}
+    with pytest.raises(ValueError, match="unknown backend"):
+        ModelRegistry("nonsense").load(tag)
+
+
+def _packed(features: np.ndarray, *index: np.ndarray, **extra: np.ndarray) -> bytes:
+    return wire.pack({"features": features, **{f"idx{d}": i for d, i in enumerate(index)}, **extra})
+
+
+def test_decode_rejects_bad_dtypes_and_shapes():
+    ft, _ = feature_tensor([1, 2])
+    f, (i0, i1, i2) = ft.features, ft.index
+    assert decode(encode(ft)).fanout == (25, 10)
+    assert decode(_packed(f.astype(np.float16), i0, i1, i2)).features.dtype == np.float16
+    cases = {
+        "int index as int64": (_packed(f, i0.astype(np.int64), i1, i2), "int32"),
+        "integer features": (_packed(f.astype(np.int32), i0, i1, i2), "float"),
+        "1-D features": (_packed(f[:, 0].copy(), i0, i1, i2), "2-D"),
+        "hop-1 index 1-D": (_packed(f, i0, i1.reshape(-1).copy(), i2), r"index\[1\]"),
+        "hop-2 not extending hop-1": (_packed(f, i0, i1, i2[:, :5].copy()), r"index\[2\]"),
+        "batch mismatch": (_packed(f, i0[:1].copy(), i1, i2), r"index\[1\]"),
+        "index out of range": (_packed(f, i0, i1 + np.int32(f.shape[0]), i2), "outside features"),
+        "padding target": (_packed(f, np.full_like(i0, -1), i1, i2), "padding"),
+        "below -1": (_packed(f, i0, np.full_like(i1, -2), i2), "outside features"),
+        "no features": (wire.pack({"idx0": i0}), "expected arrays"),
+        "extra array": (_packed(f, i0, i1, i2, junk=i0), "expected arrays"),
+        "gap in hops": (wire.pack({"features": f, "idx0": i0, "idx2": i2}), "expected arrays"),
+        "not a container": (b"\x00" * 32, "bad magic"),
+        "truncated": (encode(ft)[:-8], "past the end"),
+        "float64 features": (_packed(f.astype(np.float64), i0, i1, i2), "dtype in"),
+        "empty header": (b"GSW1" + b"\0" * 4, "bad header"),
+    }
+    for name, (blob, message) in cases.items():
+        with pytest.raises(FeatureTensorError, match=message) as info:
+            decode(blob)
+        assert str(info.value), name
+
+
+# --- hot-load / unload under traffic ----------------------------------------------------------
+
+
+def test_hot_load_and_unload_while_requests_flow(model_store):
+    """16 concurrent callers through AdaptiveBatcher + run_batch in a 1-thread executor (as the
+    service does). Phases: all traffic on v1; v2 hot-loaded; half the traffic on v2; all on v2;
+    v1 unloaded once its traffic drained; finally v2 unloaded under live traffic (the next batch
+    reloads it on demand from the store). Every request must succeed with its version's answer."""
+    v1, v2 = save("mean"), save("pool")
+    requests = [feature_tensor(np.arange(n * 13, n * 13 + 1 + n % 4), seed=n)[0] for n in range(12)]
+    registry = ModelRegistry("onnx")
+    registry.load(v1)
+    assert registry.tags() == {v1}
+
+    answers: list[tuple[int, str, dict]] = []
+    errors: list[BaseException] = []
+    batch_versions: list[set[str]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        compute = ThreadPoolExecutor(1, thread_name_prefix="forward")
+        loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+
+        async def forward(items: list[InferenceItem]) -> list[dict]:
+            batch_versions.append({i.model for i in items})
+            return await loop.run_in_executor(compute, run_batch, registry, items)
+
+        batcher = AdaptiveBatcher(forward, max_batch_size=64, max_delay_s=0.001,
+                                  size_of=lambda item: item.tensor.num_targets)
+        state = {"v2_share": 0.0}
+        inflight: Counter[str] = Counter()
+        stop = asyncio.Event()
+
+        async def caller(cid: int) -> None:
+            rng = random.Random(cid)
+            while not stop.is_set():
+                n = rng.randrange(len(requests))
+                tag = v2 if rng.random() < state["v2_share"] else v1
+                inflight[tag] += 1
+                try:
+                    loaded = await loop.run_in_executor(loader, registry.load, tag)
+                    check_compatible(loaded, requests[n])
+                    result = await batcher.submit(InferenceItem(loaded.artifacts.tag, requests[n]))
+                    answers.append((n, tag, result))
+                except BaseException as exc:  # noqa: BLE001 - every failure is collected
+                    errors.append(exc)
+                finally:
+                    inflight[tag] -= 1
+                await asyncio.sleep(0)
+
+        async def drained(tag: str) -> None:
+            while inflight[tag]:
+                await asyncio.sleep(0.001)
+
+        async def operator() -> None:
+            await asyncio.sleep(0.25)
+            await loop.run_in_executor(loader, registry.load, v2)  # hot-load under traffic
+            state["v2_share"] = 0.5
+            await asyncio.sleep(0.3)
+            state["v2_share"] = 1.0
+            await drained(v1)
+            assert registry.unload(v1)
+            await asyncio.sleep(0.25)
+            assert registry.tags() == {v2}, "v1 came back: traffic had not moved"
+            assert registry.unload(v2)  # under live traffic: reloaded on demand
+            await asyncio.sleep(0.25)
+            stop.set()
+
+        try:
+            await asyncio.gather(operator(), *(caller(c) for c in range(16)))
+        finally:
+            compute.shutdown()
+            loader.shutdown()
+
+    asyncio.run(main())
+
+    assert not errors, f"{len(errors)} failed requests, first: {errors[0]!r}"
+    assert registry.tags() == {v2}
+    by_version = Counter(tag for _, tag, _ in answers)
+    assert by_version[v1] > 20 and by_version[v2] > 20, by_version
+    assert any(len(vs) == 2 for vs in batch_versions), "no batch ever mixed the two versions"
+    # every answer is its own version's answer (checked against a fresh registry, item alone)
+    reference = ModelRegistry("onnx")
+    expected = {(n, tag): run_batch(reference, [InferenceItem(tag, requests[n])])[0]["logits"]
+                for n in range(len(requests)) for tag in (v1, v2)}
+    for n, tag, result in answers:
+        assert result["model"] == tag
+        np.testing.assert_allclose(result["logits"], expected[(n, tag)], atol=1e-5)
