@@ -77,12 +77,12 @@ def time_calls(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int
 
 
 class FixedRegistry:
-    """``run_batch`` only asks its registry to resolve a tag; the bench has one model, no store."""
+    """``run_batch`` only asks its registry to load a tag; the bench has one model, no store."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
 
-    def resolve(self, tag: str) -> LoadedModel:
+    def load(self, tag: str) -> LoadedModel:
         return self.loaded
 
 

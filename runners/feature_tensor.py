@@ -1,14 +1,18 @@
 """FeatureTensor: what the FeatureRunner hands the GraphSAGERunner, and its wire encoding.
 
-Layout (deduplicated, chosen by measurement over the padded tree, see ``bench/bench_layouts.py``):
+Layout (deduplicated rows, tree compacted level by level; chosen by measurement over the
+padded tree, see ``bench/bench_features.py``):
 
 - ``features``  [U, F] float32 or float16: one row per distinct node of the whole batch.
-- ``index[d]``  int32 rows into ``features`` for every slot of hop ``d``:
-  ``[B]``, ``[B, k1]``, ``[B, k1, k2]``; ``-1`` marks padding (a node with fewer neighbours than
-  the fanout), so the mask is ``index[d] >= 0``.
+- ``index[0]``  [B] int32: the targets' rows.
+- ``index[d]``  [S_{d-1}, k_d] int32 for hop d >= 1: the sampled neighbours of every *real*
+  node of level d-1 (in row-major order), ``-1`` as padding when a node has fewer neighbours
+  than the fanout. ``S_0 = B`` and ``S_d`` is the number of entries >= 0 in ``index[d]``.
 
-A padded [25, 10] tree carries 276 feature rows per target although the demo graph's mean
-degree is 10; deduplication ships each distinct row once and padding only as 4-byte indices.
+A padded [25, 10] tree carries 276 feature rows per target and 250 second-hop slots although
+the demo graph's mean degree is 10; here each distinct row travels once, padding only as int32
+indices, and a padded first-hop slot has no second-hop row at all, so neither the bytes nor the
+model's work grow with padding.
 
 Encoding: ``runners.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
 """
@@ -39,7 +43,7 @@ class FeatureTensor:
 
     @property
     def fanout(self) -> tuple[int, ...]:
-        return tuple(int(a.shape[-1]) for a in self.index[1:])
+        return tuple(int(a.shape[1]) for a in self.index[1:])
 
     @property
     def feature_dim(self) -> int:
@@ -48,35 +52,52 @@ class FeatureTensor:
     def validate(self) -> None:
         if self.features.ndim != 2:
             raise FeatureTensorError(f"features must be 2-D, got shape {self.features.shape}")
-        if not self.index:
-            raise FeatureTensorError("index needs at least the target layer")
-        batch = self.index[0].shape[0]
-        for depth, idx in enumerate(self.index):
-            if idx.ndim != depth + 1 or idx.shape[0] != batch:
-                raise FeatureTensorError(f"index[{depth}] must be [B{', k' * depth}] with B={batch}, got {idx.shape}")
-            if depth and idx.shape[:-1] != self.index[depth - 1].shape:
-                raise FeatureTensorError(f"index[{depth}] shape {idx.shape} does not extend {self.index[depth - 1].shape}")
-            if idx.size and (int(idx.max()) >= self.features.shape[0] or int(idx.min()) < -1):
-                raise FeatureTensorError(f"index[{depth}] points outside features [0, {self.features.shape[0]})")
+        if not self.index or self.index[0].ndim != 1:
+            raise FeatureTensorError("index[0] must hold the targets' rows, shape [B]")
         if self.index[0].size and int(self.index[0].min()) < 0:
             raise FeatureTensorError("target slots cannot be padding")
+        rows = self.features.shape[0]
+        parents = self.index[0].shape[0]
+        for depth, idx in enumerate(self.index):
+            if depth and (idx.ndim != 2 or idx.shape[0] != parents):
+                raise FeatureTensorError(
+                    f"index[{depth}] must be [{parents}, k{depth}] (one row per real node of hop {depth - 1}), got {idx.shape}")
+            if idx.size and (int(idx.max()) >= rows or int(idx.min()) < -1):
+                raise FeatureTensorError(f"index[{depth}] points outside features [0, {rows})")
+            parents = int((idx >= 0).sum())
 
     def nbytes(self) -> int:
         return int(self.features.nbytes + sum(a.nbytes for a in self.index))
 
 
 def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Deduplicate the node ids of a sampled tree: (distinct ids, per-hop int32 index into them)."""
+    """A sampled padded tree -> (distinct node ids, level-compacted int32 index into them)."""
     flat = np.concatenate([t.reshape(-1) for t in tree])
     real = flat >= 0
     unique, inverse = np.unique(flat[real], return_inverse=True)
     positions = np.full(flat.shape, -1, dtype=np.int32)
     positions[real] = inverse.astype(np.int32)
-    index, offset = [], 0
+    index, offset, parent_real = [], 0, None
     for t in tree:
-        index.append(positions[offset : offset + t.size].reshape(t.shape))
+        level = positions[offset : offset + t.size]
         offset += t.size
+        if parent_real is None:
+            index.append(level)
+        else:
+            index.append(level.reshape(-1, t.shape[-1])[parent_real])
+        parent_real = level >= 0
     return unique, index
+
+
+def to_padded(index: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The inverse of the level compaction: per hop ``[B, k1, ..., kd]`` rows, -1 = padding."""
+    out = [np.asarray(index[0])]
+    for idx in index[1:]:
+        prev = out[-1]
+        full = np.full(prev.shape + (idx.shape[1],), -1, dtype=np.int32)
+        full.reshape(-1, idx.shape[1])[prev.reshape(-1) >= 0] = idx
+        out.append(full)
+    return out
 
 
 def padded_nbytes(tree: Sequence[np.ndarray], feature_dim: int, itemsize: int = 4) -> int:

@@ -88,9 +88,6 @@ class ModelRegistry:
     def tags(self) -> set[str]:
         return set(self._models)
 
-    def resolve(self, tag: str) -> LoadedModel:
-        return self.load(tag)
-
 
 def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
     cfg = model.artifacts.config
@@ -102,15 +99,12 @@ def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
         raise IncompatibleInput(f"{model.artifacts.tag} has fanout {list(cfg.fanout)}, the request sampled {list(ft.fanout)}")
 
 
-def _pad_index(idx: np.ndarray, fanout: tuple[int, ...]) -> np.ndarray:
-    widths = [(0, 0)] + [(0, m - k) for k, m in zip(idx.shape[1:], fanout)]
-    if all(w == (0, 0) for w in widths):
-        return idx
-    return np.pad(idx, widths, constant_values=-1)
-
-
 def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
-    """One batch: concatenated feature rows, rebased + padded indices, and each tensor's row span."""
+    """One batch: concatenated feature rows, rebased indices, each tensor's target span.
+
+    Levels concatenate as they are: a level's rows follow the real nodes of the level above in
+    order, so per-request blocks stay aligned. A smaller fanout is padded up with -1 columns.
+    """
     features = np.concatenate([t.features for t in tensors]).astype(np.float32, copy=False)
     offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
     index = []
@@ -118,7 +112,10 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.nda
         parts = []
         for t, off in zip(tensors, offsets):
             idx = t.index[depth]
-            parts.append(_pad_index(np.where(idx >= 0, idx + np.int32(off), idx), fanout[:depth]))
+            rebased = np.where(idx >= 0, idx + np.int32(off), idx)
+            if depth and idx.shape[1] < fanout[depth - 1]:
+                rebased = np.pad(rebased, [(0, 0), (0, fanout[depth - 1] - idx.shape[1])], constant_values=-1)
+            parts.append(rebased)
         index.append(np.concatenate(parts).astype(np.int32, copy=False))
     bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
     return features, index, bounds
@@ -131,7 +128,7 @@ def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[
         groups[item.model].append(i)
     results: list[dict[str, Any]] = [{} for _ in items]
     for tag, positions in groups.items():
-        model = registry.resolve(tag)
+        model = registry.load(tag)
         features, index, bounds = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
         logits, probs, embedding = model.backend.run(features, index)
         for n, i in enumerate(positions):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode, padded_nbytes
+from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode, padded_nbytes, to_padded
 from runners.sampling import sample_tree
 from tests.graphs import small_graph
 
@@ -17,10 +17,19 @@ def _tensor(dtype=np.float32):
 def test_compact_reproduces_every_slot():
     g, tree, ft = _tensor()
     unique = np.unique(np.concatenate([t[t >= 0] for t in tree]))
-    for t, idx in zip(tree, ft.index):
+    for t, idx in zip(tree, to_padded(ft.index)):
         assert ((t >= 0) == (idx >= 0)).all()
         np.testing.assert_array_equal(unique[idx[idx >= 0]], t[t >= 0])
     assert ft.nbytes() < padded_nbytes(tree, g.feature_dim) / 2
+
+
+def test_levels_hold_only_children_of_real_nodes():
+    _, tree, ft = _tensor()
+    assert ft.index[1].shape == (tree[0].size, 25)
+    assert ft.index[2].shape == (int((tree[1] >= 0).sum()), 10)
+    ft.validate()
+    with pytest.raises(FeatureTensorError, match="one row per real node"):
+        FeatureTensor(ft.features, [ft.index[0], ft.index[1], ft.index[2][:-1]]).validate()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

@@ -217,7 +217,7 @@ def test_decode_rejects_bad_dtypes_and_shapes():
         "integer features": (_packed(f.astype(np.int32), i0, i1, i2), "float"),
         "1-D features": (_packed(f[:, 0].copy(), i0, i1, i2), "2-D"),
         "hop-1 index 1-D": (_packed(f, i0, i1.reshape(-1).copy(), i2), r"index\[1\]"),
-        "hop-2 not extending hop-1": (_packed(f, i0, i1, i2[:, :5].copy()), r"index\[2\]"),
+        "hop-2 rows not matching hop-1's real nodes": (_packed(f, i0, i1, i2[:-1].copy()), r"index\[2\]"),
         "batch mismatch": (_packed(f, i0[:1].copy(), i1, i2), r"index\[1\]"),
         "index out of range": (_packed(f, i0, i1 + np.int32(f.shape[0]), i2), "outside features"),
         "padding target": (_packed(f, np.full_like(i0, -1), i1, i2), "padding"),

@@ -13,7 +13,7 @@ import pytest
 
 from runners.cache.tiered import build_feature_store
 from runners.config import Settings
-from runners.feature_tensor import FeatureTensor, decode, encode
+from runners.feature_tensor import FeatureTensor, decode, encode, to_padded
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.sampling import PAD, sample_tree
 from tests.graphs import small_graph
@@ -48,7 +48,7 @@ def build_one(builder, *args, **kwargs) -> FeatureTensor:
 def materialise(ft: FeatureTensor) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per hop: (mask, features of every slot with zeros at padding), as float64."""
     out = []
-    for idx in ft.index:
+    for idx in to_padded(ft.index):
         mask = idx >= 0
         rows = ft.features[np.where(mask, idx, 0)].astype(np.float64)
         rows[~mask] = 0.0
@@ -194,8 +194,9 @@ def test_build_reproduces_sampled_tree_features(graph, builder, fanout):
     for (mask, rows), (want_mask, want_rows) in zip(materialise(ft), expected(graph, ids, fanout, 1234)):
         np.testing.assert_array_equal(mask, want_mask)
         np.testing.assert_array_equal(rows, want_rows)
-    # A node without neighbours is all padding below it.
-    assert (ft.index[1][1] == -1).all() and (ft.index[2][1] == -1).all()
+    # A node without neighbours is all padding below it (and has no rows at hop 2).
+    padded = to_padded(ft.index)
+    assert (padded[1][1] == -1).all() and (padded[2][1] == -1).all()
 
 
 def test_build_float16_transport(graph, builder):
@@ -324,7 +325,7 @@ def test_different_seed_different_sample_for_hubs(graph):
 
     def hop1_rows(ft: FeatureTensor) -> list[set[bytes]]:
         # Index positions are request-local: compare the feature rows behind them instead.
-        return [{ft.features[i].tobytes() for i in row if i >= 0} for row in ft.index[1]]
+        return [{ft.features[i].tobytes() for i in row if i >= 0} for row in to_padded(ft.index)[1]]
 
     ra, rb = hop1_rows(a), hop1_rows(b)
     assert all(len(x) == 25 for x in ra + rb), "a hub's hop-1 sample is full"

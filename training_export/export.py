@@ -40,11 +40,12 @@ def to_dense(model: PygGraphSAGE) -> DenseGraphSAGE:
 def export_onnx(dense: DenseGraphSAGE, path: str) -> str:
     cfg = dense.cfg
     index_names = [f"idx{d}" for d in range(cfg.num_layers + 1)]
-    example_index, shape = [], [2]
-    for d in range(cfg.num_layers + 1):
-        example_index.append(torch.zeros(shape, dtype=torch.int32))
-        shape = shape + [cfg.fanout[d]] if d < cfg.num_layers else shape
-    dynamic = {"features": {0: "num_rows"}, **{n: {0: "batch"} for n in index_names},
+    # All-real example levels: level d has one row per slot of level d-1.
+    example_index, rows = [torch.zeros(2, dtype=torch.int32)], 2
+    for k in cfg.fanout:
+        example_index.append(torch.zeros(rows, k, dtype=torch.int32))
+        rows *= k
+    dynamic = {"features": {0: "num_rows"}, **{n: {0: f"rows_{n}"} for n in index_names},
                "logits": {0: "batch"}, "probs": {0: "batch"}, "embedding": {0: "batch"}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LSTM batch-size warnings of the TorchScript exporter
