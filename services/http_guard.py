@@ -1,6 +1,7 @@
 """ASGI middleware in front of the gateway's HTTP routes: what must happen before any parsing.
 
-- Refuses BentoML's internal pickle media type from outside (415): only JSON is public.
+- Refuses every body that is not JSON (415): BentoML's internal pickle media type, multipart
+  and form bodies never reach a parser from outside.
 - Rejects oversized bodies early (413), by Content-Length and by counting streamed bytes.
 - Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``, the rest
   of the API ``predict``; health, metrics and the OpenAPI document are public.
@@ -25,7 +26,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PUBLIC_PATHS = ("/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/docs", "/schema.json")
-PICKLE_TYPES = ("application/vnd.bentoml+pickle", "application/vnd.bentoml.multipart")
+BODY_METHODS = ("POST", "PUT", "PATCH")
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -84,8 +85,10 @@ class HttpGuard:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type in PICKLE_TYPES:
-            return await send_json(send, 415, f"media type {content_type} is not accepted; send application/json")
+        if scope.get("method") in BODY_METHODS and content_type != "application/json":
+            # Only JSON is public: BentoML's internal pickle type and multipart/form bodies are
+            # refused before any parser sees them.
+            return await send_json(send, 415, f"media type {content_type or '(none)'} is not accepted; send application/json")
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             return await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")

@@ -273,3 +273,19 @@ def test_model_runner_down_gives_503_then_recovers(app, env):
     while time.monotonic() < deadline and predict(app, env, {"node_ids": [7]}).status_code != 200:
         time.sleep(0.3)
     assert predict(app, env, {"node_ids": [7]}).status_code == 200
+
+
+def test_fuzzing_the_openapi_spec_finds_no_server_error(app, env, tmp_path):
+    """schemathesis generates requests from the served /docs.json: never a 5xx."""
+    import shutil
+    import subprocess
+
+    st = shutil.which("st") or pytest.skip("schemathesis is not installed")
+    out = subprocess.run(
+        [st, "run", app.gateway.url + "/docs.json", "--checks", "not_a_server_error", "--max-examples", "60",
+         "--header", f"Authorization: Bearer {env['keys']['predict']}", "--workers", "2",
+         "--report", "junit", "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert "No issues found" in out.stdout, out.stdout[-2000:]
+    print(next((line for line in out.stdout.splitlines() if "generated" in line), ""))
