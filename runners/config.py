@@ -41,8 +41,13 @@ class Settings:
     warm_nodes: int = 0
     feature_transport_dtype: str = "float32"
 
+    # Worker processes per service (each scales on its own; one batch in flight per worker).
+    gateway_workers: int = 1
+    feature_workers: int = 1
+    model_workers: int = 1
+
     # Model runner.
-    backend: str = "onnx"  # onnx | torch | tensorrt
+    backend: str = "onnx"  # onnx | onnx-cuda | torch | tensorrt
     intra_op_threads: int = 1
     max_batch_targets: int = 256
     max_batch_delay_ms: float = 2.0

@@ -27,7 +27,7 @@ log = logging.getLogger("graphsage.feature")
 
 @bentoml.service(
     name="FeatureRunner",
-    workers=1,
+    workers=settings().feature_workers,
     traffic={"timeout": 30, "max_concurrency": 1024},
     runner_connection=RUNNER_CONNECTION,
 )

@@ -31,7 +31,7 @@ log = logging.getLogger("graphsage.model")
 
 @bentoml.service(
     name="GraphSAGERunner",
-    workers=1,
+    workers=settings().model_workers,
     traffic={"timeout": 30, "max_concurrency": 1024},
     runner_connection=RUNNER_CONNECTION,
 )

@@ -50,7 +50,7 @@ admin_app = Starlette()
 
 @bentoml.service(
     name="Gateway",
-    workers=1,
+    workers=settings().gateway_workers,
     http={"port": 3000},
     traffic={"timeout": 30, "max_concurrency": 2048},
 )

@@ -4,6 +4,7 @@ container runs them), each stopped by PID."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,7 +13,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -129,6 +131,7 @@ class SplitApp:
                  log_dir: str | None = None) -> None:
         self.env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
         self.feature = Service("FeatureRunner", free_port(), self.env, log_dir=log_dir)
+        self.env["GSAGE_MODEL_WORKERS"] = str(model_workers)
         self.model = Service("GraphSAGERunner", free_port(), self.env, workers=model_workers, log_dir=log_dir)
         self.gateway = self.gateway_for(self.env)
         self.grpc_port = int(self.env.get("GSAGE_GRPC_PORT", "0"))
@@ -149,6 +152,31 @@ class SplitApp:
 
     def logs(self) -> str:
         return "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in (self.gateway, self.feature, self.model))
+
+
+async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurrency: int,
+                      body_fn: Callable[[int, int], dict]) -> Counter:
+    """Closed-loop load for a bounded time. Outcomes: the answering model tag (full answers),
+    ``"degraded"``, an HTTP status, or an exception name."""
+    outcomes: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=concurrency)) as client:
+        async def worker(w: int) -> None:
+            n = 0
+            while time.monotonic() < deadline:
+                try:
+                    r = await client.post(url, json=body_fn(w, n), headers=headers)
+                    if r.status_code != 200:
+                        outcomes[r.status_code] += 1
+                    else:
+                        body = r.json()
+                        outcomes["degraded" if body["degraded"] else body["model"]] += 1
+                except httpx.HTTPError as exc:
+                    outcomes[type(exc).__name__] += 1
+                n += 1
+
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return outcomes
 
 
 @contextlib.contextmanager

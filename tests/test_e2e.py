@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from tests.app_harness import SplitApp, build_demo_store, free_port
+from tests.app_harness import SplitApp, build_demo_store, closed_loop, free_port
 from tests.conftest import bentoml_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -141,26 +141,9 @@ def test_bad_transport_input_is_a_clear_4xx(app, env):
     assert statuses[3] == 415 and statuses[4] == 413
 
 
-async def _load(url: str, headers: dict, seconds: float, concurrency: int, body_fn) -> Counter:
-    outcomes: Counter = Counter()
-    deadline = time.monotonic() + seconds
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=concurrency)) as client:
-        async def worker(w: int) -> None:
-            n = 0
-            while time.monotonic() < deadline:
-                try:
-                    r = await client.post(url, json=body_fn(w, n), headers=headers)
-                    outcomes[r.status_code if r.status_code != 200 else r.json()["model"]] += 1
-                except httpx.HTTPError as exc:
-                    outcomes[type(exc).__name__] += 1
-                n += 1
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    return outcomes
-
-
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
-    out = asyncio.run(_load(app.gateway.url + "/predict", auth(env), 6.0, 32,
+    out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 6.0, 32,
                             lambda w, n: {"node_ids": [(w * 997 + n) % 4000]}))
     total = sum(out.values())
     assert out[env["v1"]] == total and total > 150, out
@@ -180,9 +163,9 @@ def test_canary_weights_and_stickiness(app, env):
     assert pinned.json()["model"] == env["v2"]
 
 
-def test_promote_and_rollback_under_load(app, env):
+def test_promote_and_rollback_underclosed_loop(app, env):
     async def scenario() -> Counter:
-        load = asyncio.create_task(_load(app.gateway.url + "/predict", auth(env), 7.0, 16,
+        load = asyncio.create_task(closed_loop(app.gateway.url + "/predict", auth(env), 7.0, 16,
                                          lambda w, n: {"node_ids": [(w * 31 + n) % 4000]}))
         await asyncio.sleep(1.5)
         assert (await asyncio.to_thread(admin, app, env, {"action": "promote", "version": env["v2"]})).status_code == 200
