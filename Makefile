@@ -35,3 +35,43 @@ parity: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# --- Release (docs/release.md) -------------------------------------------------------------
+# make bento [MODELS="graphsage:v1 graphsage:v2"]   codegen + pinned models + bentoml build
+# make bento-context [BENTO=tag]                     OCI build context in build/context
+# make containerize [BENTO=tag]                      bentoml containerize, or the context
+# make split-up / split-status / split-down          the bento's services as separate processes
+# make validate-k8s                                  bentos/k8s/*.yaml against the k8s schema
+BENTO ?= graphsage-serving:latest
+MODELS ?=
+K8S_MANIFESTS := $(filter-out %/kustomization.yaml,$(wildcard bentos/k8s/*.yaml bentos/k8s/*/*.yaml))
+
+.PHONY: bento bento-gpu bento-context containerize split-up split-status split-down validate-k8s test-release
+
+bento: install
+	$(PY) -m bentos.release build $(foreach m,$(MODELS),--model $(m))
+
+bento-gpu: install
+	$(PY) -m bentos.release build --gpu $(foreach m,$(MODELS),--model $(m))
+
+bento-context: install
+	$(PY) -m bentos.release context $(BENTO) --out build/context --force
+
+containerize: install
+	$(PY) -m bentos.release containerize $(BENTO)
+
+split-up: install
+	$(PY) -m bentos.local_split up --bento $(BENTO) --gateway-port $(PORT)
+
+split-status:
+	$(PY) -m bentos.local_split status
+
+split-down:
+	$(PY) -m bentos.local_split down
+
+validate-k8s: install
+	@$(PY) -c "import kubernetes_validate" 2>/dev/null || $(PY) -m pip install -q -e '.[release]'
+	$(VENV)/bin/kubernetes-validate --strict $(K8S_MANIFESTS)
+
+test-release: install
+	$(PY) -m pytest tests/test_release.py

@@ -175,9 +175,8 @@ class Gateway:
 def _json_error(exc: Exception) -> JSONResponse:
     if isinstance(exc, ApiError):
         return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, exc.headers)
-    if isinstance(exc, UnknownModel):
-        return JSONResponse({"error": str(exc), "status": 404}, 404)
-    return JSONResponse({"error": str(exc), "status": 400}, 400)
+    status = getattr(exc, "status_code", 400)
+    return JSONResponse({"error": str(exc), "status": status}, status)
 
 
 async def _models(request: Request) -> JSONResponse:
@@ -194,6 +193,8 @@ async def _admin_routing(request: Request) -> JSONResponse:
         return _json_error(exc)
     except ValueError as exc:
         return _json_error(ApiError(400, f"invalid JSON: {exc}"))
+    except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
+        return _json_error(ApiError(409, f"routing file not writable here ({exc.strerror}); change it where it is managed"))
 
 
 admin_app.router.routes.extend([

@@ -1,0 +1,248 @@
+"""Release: the bento is built (models pinned), laid out as the image lays it out (BentoML's own
+build context: Dockerfile + bento + models), and its three services are started from that
+directory as separate processes (the image's ``start-http-server --service-name`` form, each on
+its own port, GraphSAGERunner with 2 workers), then served over HTTP and gRPC end to end, and a
+canary moves traffic between the two packed versions. Deployment specs are validated."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from tests.app_harness import ROOT, build_demo_store, free_port
+
+K8S_DIR = ROOT / "bentos" / "k8s"
+
+
+def release(home: str, *args: str, timeout: float = 300) -> str:
+    env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}
+    out = subprocess.run([sys.executable, "-m", "bentos.release", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"bentos.release {args} failed:\n{out.stderr[-4000:]}"
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    home = str(root / "bentoml")
+    v1, v2 = build_demo_store(home)
+    # Pack both versions (a canary in one image); v1 first = the default version.
+    tag = release(home, "build", "--model", v1, "--model", v2)
+    ctx = Path(release(home, "context", tag, "--out", str(root / "context")))
+    return {"root": root, "home": home, "v1": v1, "v2": v2, "tag": tag, "ctx": ctx}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_build_context_is_the_image(released):
+    ctx, v1, v2 = released["ctx"], released["v1"], released["v2"]
+    dockerfile = (ctx / "env/docker/Dockerfile").read_text()
+    for needed in ("EXPOSE 3000", "EXPOSE 50051", 'ENTRYPOINT [ "/home/bentoml/bento/env/docker/entrypoint.sh" ]',
+                   "ENV BENTO_PATH=$BENTO_PATH", "COPY --chown=bentoml:bentoml . ./", "FROM python:3.11"):
+        assert needed in dockerfile, needed
+    # The runners' pinned tags are baked in as the image's environment.
+    assert "ENV GSAGE_MODEL_TAGS=$GSAGE_MODEL_TAGS" in dockerfile
+    assert f"ARG GSAGE_MODEL_TAGS={v1},{v2}" in dockerfile
+    assert "ARG GSAGE_SNAPSHOT_TAG=graph-snapshot:" in dockerfile
+    assert (ctx / "env/docker/entrypoint.sh").is_file()
+    reqs = (ctx / "env/python/requirements.txt").read_text()
+    assert "torch==2.13.0" in reqs and "bentoml==1.4.40" in reqs and "onnxruntime" in reqs
+    # Models: both graphsage versions and the snapshot, pinned, in the context's models/.
+    for tag in (v1, v2):
+        name, version = tag.split(":")
+        assert (ctx / "models" / name / version / "model.onnx").is_file()
+    info = yaml.safe_load((ctx / "bento.yaml").read_text())
+    packed = {m["tag"] for m in info["models"]}
+    assert {v1, v2} <= packed and any(t.startswith("graph-snapshot:") for t in packed)
+    assert not any(t.endswith(":latest") for t in packed)
+    # Sources: the .proto and the generated stubs travel with the bento.
+    src = ctx / "src" / "services"
+    assert (src / "proto/graphsage/v1/predict.proto").is_file()
+    assert (src / "grpc_gen/graphsage/v1/predict_pb2.py").is_file()
+    assert (src / "grpc_gen/graphsage/v1/predict_pb2_grpc.py").is_file()
+    assert not list((ctx / "src").rglob("__pycache__"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_gpu_variant_builds(released):
+    home, root = released["home"], released["root"]
+    tag = release(home, "build", "--gpu", "--no-codegen")
+    assert tag.startswith("graphsage-serving-gpu:")
+    ctx = Path(release(home, "context", tag, "--out", str(root / "context-gpu")))
+    dockerfile = (ctx / "env/docker/Dockerfile").read_text()
+    assert "FROM nvidia/cuda:12.6" in dockerfile and "EXPOSE 50051" in dockerfile
+    assert "ARG GSAGE_BACKEND=onnx-cuda" in dockerfile
+    reqs = (ctx / "env/python/requirements.txt").read_text().split()
+    assert "onnxruntime-gpu>=1.18" in reqs and "tensorrt>=10.0" in reqs
+    assert not any(r.startswith("onnxruntime>") or r == "onnxruntime" for r in reqs)
+
+
+def _wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_split_services_from_the_bento_directory(released, tmp_path):
+    from bentos.local_split import SplitDeployment
+    from services.grpc_client import predict as grpc_predict
+
+    ctx, v1, v2 = released["ctx"], released["v1"], released["v2"]
+    routes = tmp_path / "routes.json"
+    routes.write_text(json.dumps(
+        {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}))
+    grpc_port = free_port()
+    # The image's environment (the bento's envs) with this test's routing file and gRPC port;
+    # each service gets an empty BentoML home of its own, so the models can only come from the
+    # bento directory, as in the image.
+    env = {"GSAGE_ROUTING_FILE": str(routes), "GSAGE_GRPC_PORT": str(grpc_port)}
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("GSAGE_", "BENTOML_"))}
+    dep = SplitDeployment(ctx, tmp_path / "split", gateway_port=free_port(), feature_port=free_port(),
+                          model_port=free_port(), model_workers=2, env=env, base_env=clean_env)
+    dep.up(wait_s=150)
+    pids = []
+    try:
+        # Each service runs from the bento's src/ with its own process tree; GraphSAGERunner
+        # has 2 workers.
+        for p in dep.procs:
+            proc = psutil.Process(p.pid)
+            assert Path(proc.cwd()) == ctx / "src"
+            cmd = proc.cmdline()  # the entrypoint exec'd start-http-server, same PID
+            assert cmd[1:4] == ["-m", "bentoml_cli._internal.start", "start-http-server"] and cmd[-1] == str(ctx), cmd
+            pids += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
+        workers = [c for c in psutil.Process(dep.model.pid).children(recursive=True)
+                   if "_bentoml_impl.worker.service" in " ".join(c.cmdline())]
+        assert len(workers) == 2, [c.cmdline() for c in workers]
+        assert not (tmp_path / "split" / "home-GraphSAGERunner" / "models" / "graphsage").exists()
+        probe = subprocess.run([sys.executable, "-c", "import services.gateway as g; print(g.__file__)"],
+                               cwd=ctx / "src", capture_output=True, text=True,
+                               env={**clean_env, "BENTOML_HOME": str(tmp_path / "probe-home")})
+        assert probe.stdout.strip().startswith(str(ctx / "src")), probe
+
+        url = dep.gateway.url
+        ids = [0, 7, 3999]
+        r = httpx.post(url + "/predict", json={"node_ids": ids, "seed": 5}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model"] == v1 and body["degraded"] is False
+        assert [p["node_id"] for p in body["predictions"]] == ids
+        g = grpc_predict(f"127.0.0.1:{grpc_port}", ids, seed=5)
+        assert g["model"] == v1
+        assert [p["label"] for p in g["predictions"]] == [p["label"] for p in body["predictions"]]
+        models = httpx.get(url + "/models", timeout=10).json()
+        assert models["feature_runner"]["graph_snapshot"].startswith("graph-snapshot:")
+
+        def served(n: int = 12) -> collections.Counter:
+            return collections.Counter(
+                httpx.post(url + "/predict", json={"node_ids": [i], "routing_key": f"user-{i}"},
+                           timeout=30).json()["model"] for i in range(n))
+
+        # Canary: half the keys to v2, then all traffic; each gateway worker re-reads the
+        # routing file within ~1 s.
+        r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
+                                                      "weights": {v1: 50, v2: 50}}, timeout=30)
+        assert r.status_code == 200, r.text
+        mixed = _wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served(24)))
+        assert mixed and set(mixed) == {v1, v2}, mixed
+        r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
+                                                      "weights": {v1: 0, v2: 100}}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert _wait_for(lambda: served() == collections.Counter({v2: 12}))
+        assert grpc_predict(f"127.0.0.1:{grpc_port}", ids, seed=5)["model"] == v2
+        # The same change made on the routing file by the CLI (as for a ConfigMap): promote v1.
+        cli = subprocess.run([sys.executable, "-m", "services.routing", "--file", str(routes), "promote",
+                              "graphsage", v1], cwd=ROOT, capture_output=True, text=True)
+        assert cli.returncode == 0, cli.stderr
+        assert _wait_for(lambda: served() == collections.Counter({v1: 12}))
+    finally:
+        dep.down()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _k8s_files() -> list[Path]:
+    return sorted(p for p in K8S_DIR.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_k8s_manifests_validate_against_the_kubernetes_schema():
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed "
+                             "(pip install -e '.[release]')")
+    files = _k8s_files()
+    assert files
+    kinds: collections.Counter = collections.Counter()
+    for path in files:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            kv.validate(doc, kv.latest_version(), strict=True)
+            kinds[doc["kind"]] += 1
+    assert kinds["Deployment"] == 3 and kinds["HorizontalPodAutoscaler"] == 3 and kinds["StatefulSet"] == 1
+    assert kinds["Service"] >= 5 and kinds["Secret"] == 1 and kinds["ConfigMap"] >= 3
+
+
+def test_k8s_wiring():
+    docs = [d for p in _k8s_files() for d in yaml.safe_load_all(p.read_text()) if d]
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    gateway = by[("Deployment", "gateway")]["spec"]["template"]["spec"]["containers"][0]
+    args = gateway["args"]
+    assert args[:3] == ["start-http-server", "--service-name", "Gateway"]
+    assert "FeatureRunner=http://feature-runner:3000" in args and "GraphSAGERunner=http://graphsage-runner:3000" in args
+    assert {p["containerPort"] for p in gateway["ports"]} == {3000, 50051}
+    config = by[("ConfigMap", "graphsage-config")]["data"]
+    mounts = {m["name"]: m for m in gateway["volumeMounts"]}
+    assert config["GSAGE_ROUTING_FILE"].startswith(mounts["routing"]["mountPath"] + "/")
+    assert "subPath" not in mounts["routing"]  # subPath mounts never see ConfigMap updates
+    assert config["GSAGE_API_KEYS_FILE"].startswith(mounts["api-keys"]["mountPath"] + "/")
+    for name, service in (("feature-runner", "FeatureRunner"), ("graphsage-runner", "GraphSAGERunner")):
+        c = by[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        assert c["args"][:3] == ["start-http-server", "--service-name", service]
+        assert not any(a == "--depends" for a in c["args"])
+        assert by[("Service", name)]["spec"]["ports"][0]["port"] == 3000
+    for d in docs:
+        if d["kind"] == "Deployment":
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
+            assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+            assert {"configMapRef": {"name": "graphsage-config"}} in c["envFrom"]
+    gpu = by[("Deployment", "graphsage-runner")]["spec"]["template"]["spec"]["containers"][0]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert by[("StatefulSet", "redis-cluster")]["spec"]["replicas"] == 6
+    assert "redis+cluster://redis-cluster:6379" == config["GSAGE_REDIS_URL"]
+
+
+def test_bentocloud_config_matches_the_deployment_schema():
+    import attr
+    from bentoml._internal.cloud.schemas.modelschemas import DeploymentServiceConfig, DeploymentTargetHPAConf, HPAPolicy
+    from bentoml._internal.cloud.schemas.schemasv2 import CreateDeploymentSchema
+    from bentoml._internal.utils.cattr import bentoml_cattr
+
+    cfg = yaml.safe_load((ROOT / "bentos" / "bentocloud.yaml").read_text())
+    fields = lambda cls: {f.name for f in attr.fields(cls)}  # noqa: E731
+    assert set(cfg) <= fields(CreateDeploymentSchema) | {"cluster"}
+    assert set(cfg["services"]) == {"Gateway", "FeatureRunner", "GraphSAGERunner"}
+    for svc in cfg["services"].values():
+        assert set(svc) <= fields(DeploymentServiceConfig), svc
+        assert set(svc["scaling"]) <= fields(DeploymentTargetHPAConf)
+        assert set(svc["scaling"].get("policy", {})) <= fields(HPAPolicy)
+    schema = bentoml_cattr.structure(cfg, CreateDeploymentSchema)
+    gpu = schema.services["GraphSAGERunner"]
+    assert gpu.instance_type.startswith("gpu.") and gpu.scaling.policy.metrics[0].type == "gpu"
+    assert schema.services["Gateway"].config_overrides["traffic"]["concurrency"] > 0
+    assert {m.type for m in schema.services["FeatureRunner"].scaling.policy.metrics} == {"memory", "qps"}
