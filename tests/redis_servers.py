@@ -13,6 +13,7 @@ shared one on 6379 is never touched). Every wait is bounded and fails with the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -163,12 +164,14 @@ class RedisServer:
 
 
 class RedisCluster3:
-    """Three masters, no replicas, each with its own free client and cluster-bus port."""
+    """Three masters (and ``replicas`` replicas each, default none), each node with its own free
+    client and cluster-bus port."""
 
-    def __init__(self, workdir: str, masters: int = 3, node_timeout_ms: int = 1000):
+    def __init__(self, workdir: str, masters: int = 3, node_timeout_ms: int = 1000, replicas: int = 0):
         self.workdir = workdir
+        self.replicas = replicas
         self.nodes: list[RedisServer] = []
-        for i in range(masters):
+        for i in range(masters * (1 + replicas)):
             port, bus = free_port(), free_port()
             args = [
                 "--cluster-enabled", "yes",
@@ -189,7 +192,7 @@ class RedisCluster3:
             addrs = [f"{HOST}:{node.port}" for node in self.nodes]
             result = subprocess.run(
                 ["redis-cli", "--cluster", "create", *addrs,
-                 "--cluster-replicas", "0", "--cluster-yes"],
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                 capture_output=True, timeout=timeout, check=False,
             )
             if result.returncode != 0:
@@ -225,6 +228,17 @@ class RedisCluster3:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"cluster not {want!r} after {timeout}s: {seen}")
+
+    def roles(self) -> dict[int, str]:
+        """Port -> "master" or "slave", as the running nodes report themselves."""
+        out = {}
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with contextlib.suppress(OSError):
+                info = raw_command(node.port, "INFO", "replication").decode(errors="replace")
+                out[node.port] = next(l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("role:"))
+        return out
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.app_harness import SplitApp, build_demo_store, closed_loop
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisCluster3, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "faults.json"
@@ -137,3 +137,39 @@ def test_hot_load_of_a_new_version_under_load(app, store):
     assert row["failed"] == 0, row
     loaded = httpx.post(app.model.url + "/models", json={}).json()["loaded"]
     assert {m["tag"] for m in loaded} >= {v1}
+
+
+def test_redis_cluster_master_killed_replica_takes_over(store, tmp_path):
+    """3 masters + 3 replicas as L2; a master is SIGKILLed under load: no request fails (L2
+    misses fall back to the origin), the cluster promotes the replica, L2 hits resume."""
+    home, (v1, _) = store
+    cluster = RedisCluster3(str(tmp_path), replicas=1).start()
+    env = {"GSAGE_REDIS_URL": cluster.url, "GSAGE_L1_BYTES": "65536", "GSAGE_MODEL_TAGS": v1,
+           "GSAGE_L2_RETRY_BACKOFF_S": "0.5", "GSAGE_GRPC_PORT": "0"}
+    app = SplitApp(home, env).start()
+    try:
+        masters = [n for n in cluster.nodes if cluster.roles().get(n.port) == "master"]
+        victim = masters[0]
+        takeover: dict[str, float] = {}
+
+        async def fault() -> None:
+            await asyncio.sleep(2.0)
+            victim.kill()
+            killed = time.monotonic()
+            while time.monotonic() - killed < 20 and list(cluster.roles().values()).count("master") < 3:
+                await asyncio.sleep(0.1)  # the replica's promotion, after the node timeout (1 s)
+            survivors = [n for n in cluster.nodes if n is not victim]
+            await asyncio.to_thread(cluster.wait_state, "ok", 20.0, survivors)
+            takeover["s"] = round(time.monotonic() - killed, 2)
+
+        out = asyncio.run(_with_fault(app, 9.0, 8, fault))
+        row = record("redis_cluster_master_killed", "8 concurrent single-node requests, 9 s, 3 masters + 3 replicas",
+                     out, recovery_s=takeover.get("s"))
+        assert row["failed"] == 0 and row["degraded"] == 0, row
+        assert sum(1 for r in cluster.roles().values() if r == "master") == 3, "a replica should be promoted"
+        before = l2_hits(app)
+        asyncio.run(closed_loop(app.gateway.url + "/predict", {}, 3.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
+        assert l2_hits(app) > before, "L2 hits should resume on the promoted replica"
+    finally:
+        app.stop()
+        cluster.stop()
