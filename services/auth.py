@@ -34,9 +34,7 @@ CLI (the new key is printed once, to stdout; nothing else ever shows it)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import hmac
 import json
@@ -45,9 +43,10 @@ import os
 import re
 import secrets
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+from services.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
 
@@ -161,39 +160,7 @@ def load_entries(path: str) -> list[KeyEntry]:
 
 def write_entries(path: str, entries: Sequence[KeyEntry]) -> None:
     """Atomically (temp file + ``os.replace``), readable by the owner only."""
-    data = json.dumps({"keys": [e.to_json() for e in entries]}, indent=2) + "\n"
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".keys-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """Serialise read-modify-write of the key file between concurrent CLI runs."""
-    with open(os.path.abspath(path) + ".lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
-def _file_signature(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    atomic_write_json(path, {"keys": [e.to_json() for e in entries]}, mode=0o600)
 
 
 class ApiKeyAuth:
@@ -203,7 +170,7 @@ class ApiKeyAuth:
         self.enabled = enabled
         self.path = path
         self._set_entries(list(entries))
-        self._signature = _file_signature(path) if path else None
+        self._signature = file_signature(path) if path else None
         if not enabled:
             log.warning(
                 "!!! API key authentication is DISABLED: every request is admitted with all "
@@ -243,7 +210,7 @@ class ApiKeyAuth:
         A file that became unreadable or invalid keeps the keys loaded before (logged)."""
         if not self.enabled or not self.path:
             return False
-        sig = _file_signature(self.path)
+        sig = file_signature(self.path)
         if sig is None or sig == self._signature:
             return False
         self._signature = sig
@@ -339,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for e in entries:
                 print(f"{e.name}\t{','.join(sorted(e.scopes))}")
             return 0
-        with _locked(args.file):
+        with file_lock(args.file):
             entries = _read_for_update(args.file)
             if args.cmd == "create":
                 if not _NAME_RE.match(args.name):

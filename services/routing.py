@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -70,11 +68,12 @@ import os
 import random
 import re
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from services.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
 
@@ -249,41 +248,6 @@ def default_table(default_version: str = DEFAULT_VERSION) -> TableState:
     return TableState(model, {model: ModelRoutes((Route(tag, 1.0),))})
 
 
-def _file_signature(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _atomic_write_json(path: str, doc: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".routes-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    with open(os.path.abspath(path) + ".lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
 class RoutingTable:
     def __init__(
         self,
@@ -306,7 +270,7 @@ class RoutingTable:
         self._signature: tuple[int, int, int] | None = None
         self._state = default_table(default_version)
         if self.path is not None:
-            self._signature = _file_signature(self.path)
+            self._signature = file_signature(self.path)
             if self._signature is not None:
                 self._state = self._read_file()  # invalid at start-up: fail loudly
             else:
@@ -389,7 +353,7 @@ class RoutingTable:
         if not force and now - self._last_poll < self.poll_interval_s:
             return False
         self._last_poll = now
-        sig = _file_signature(self.path)
+        sig = file_signature(self.path)
         if sig == self._signature:
             return False
         self._signature = sig
@@ -421,7 +385,7 @@ class RoutingTable:
             if self.path is None:
                 self._state = change(self._state)
                 return
-            with _file_lock(self.path):
+            with file_lock(self.path):
                 # Start from the file, not from what this process last saw.
                 if os.path.exists(self.path):
                     current = self._read_file()
@@ -429,9 +393,9 @@ class RoutingTable:
                     current = default_table(self.default_version)
                 new = change(current)
                 if new != current or not os.path.exists(self.path):
-                    _atomic_write_json(self.path, new.to_json())
+                    atomic_write_json(self.path, new.to_json())
                 self._state = new
-                self._signature = _file_signature(self.path)
+                self._signature = file_signature(self.path)
         log.info("routing changed: %s", self._describe(self._state))
 
     def _replace_routes(

@@ -136,7 +136,6 @@ def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
 
 
 def test_mixed_version_batch_is_split_by_version(model_store):
-    g = small_graph()
     v_mean, v_pool = save("mean"), save("pool")
     registry = ModelRegistry("onnx")
     items, trees, versions = [], [], []
