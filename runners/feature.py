@@ -42,6 +42,7 @@ class FeatureRunner:
             size_of=lambda r: int(r.node_ids.size),
         )
         self._warm_task: asyncio.Task[int] | None = None
+        self._l2_errors_seen = 0
         log.info("FeatureRunner: %s (%d nodes, %d edges), L2 %s", self.snapshot.tag, self.snapshot.num_nodes,
                  self.snapshot.num_edges, cfg.redis_url or "off")
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
@@ -67,6 +68,10 @@ class FeatureRunner:
         m.lookups.labels(level="l2").inc(t.fetch.l2_hits)
         m.lookups.labels(level="origin").inc(t.fetch.origin_hits)
         m.batch_targets.observe(t.targets)
+        if self.store.l2 is not None:  # counters live in the level; export the increase
+            errors = self.store.l2.errors
+            m.l2_errors.inc(errors - self._l2_errors_seen)
+            self._l2_errors_seen = errors
 
     @bentoml.api
     async def features(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,

@@ -28,7 +28,7 @@ def feature_metrics() -> SimpleNamespace:
                           buckets=(1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6)),
         batch_targets=m.Histogram(name="feature_batch_targets", documentation="Targets per merged batch",
                                   buckets=SIZE_BUCKETS),
-        l2_errors=m.Counter(name="feature_l2_errors_total", documentation="L2 (Redis) failures served from origin"),
+        l2_errors=m.Counter(name="feature_l2_errors", documentation="L2 (Redis) failures (timeouts, refused, moved) served from origin"),
     )
 
 

@@ -82,6 +82,9 @@ def test_redis_killed_then_restarted(app, redis):
     out = asyncio.run(_with_fault(app, 9.0, 8, fault))
     row = record("redis_l2_killed_and_restarted", "8 concurrent single-node requests, 9 s", out)
     assert row["failed"] == 0 and row["degraded"] == 0, row
+    metrics = httpx.get(app.feature.url + "/metrics").text
+    assert any(line.startswith("feature_l2_errors_total ") and float(line.split()[-1]) > 0
+               for line in metrics.splitlines()), "L2 failures are counted on /metrics"
     before = l2_hits(app)
     asyncio.run(closed_loop(app.gateway.url + "/predict", {}, 2.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
     assert l2_hits(app) > before, "L2 hits should resume after the restart"
