@@ -2,8 +2,8 @@
 front ends over one prediction core; the runners are composed with ``bentoml.depends`` and run
 in their own processes.
 
-HTTP surface: ``POST /predict``, ``GET /models``, ``POST /admin/routing``; OpenAPI at
-``/docs.json``; Prometheus at ``/metrics``. Auth, rate limits, media types and body size are
+HTTP surface: ``POST /predict``, ``POST /admin/routing`` (both in the OpenAPI document at
+``/docs.json``), ``GET /models`` (a plain route: BentoML APIs are POST); Prometheus at ``/metrics``. Auth, rate limits, media types and body size are
 checked by ``services.http_guard`` before a handler runs.
 """
 
@@ -29,7 +29,7 @@ from services.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
 from services.prediction import ApiError, PredictionCore
-from services.protocol import PredictRequest, PredictResponse
+from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
 
 log = logging.getLogger("graphsage.gateway")
@@ -149,56 +149,42 @@ class Gateway:
                 out[name] = {"error": f"unavailable: {type(exc).__name__}"}
         return out
 
-    async def admin_routing(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Set weights, promote or roll back; every worker sees the file change within ~1 s and
-        the model runner loads new versions on first use (pre-loaded here)."""
-        action, model = body.get("action"), body.get("model", self.routing.default_model)
-        if action == "set_weights":
-            weights = body.get("weights")
-            if not isinstance(weights, dict):
-                raise ApiError(400, "set_weights needs weights: {version: weight}")
-            self.routing.set_weights(model, weights)
-        elif action == "promote":
-            self.routing.promote(model, str(body.get("version", "")))
-        elif action == "rollback":
-            self.routing.rollback(model)
-        else:
-            raise ApiError(400, "action must be set_weights, promote or rollback")
+    @bentoml.api(route="/admin/routing", input_spec=RoutingChange, output_spec=None)
+    async def admin_routing(self, **params: Any) -> dict:
+        """Set weights, promote or roll back (scope ``admin``). Every gateway worker sees the
+        change within ~1 s; the model runner pre-loads the versions now in use."""
+        try:
+            self.apply_routing_change(RoutingChange(**params))
+        except RoutingError as exc:
+            raise http_error(exc.status_code, str(exc)) from exc
+        except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
+            raise http_error(409, f"routing file not writable here ({exc.strerror}); change it where it is managed") from exc
         for tag in sorted(self.routing.versions_in_use()):
             try:
                 await self.model_runner.to_async.load(tag=tag)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the first request loads it otherwise
                 log.warning("pre-loading %s failed: %s", tag, exc)
         return self.routing.to_json()
 
-
-def _json_error(exc: Exception) -> JSONResponse:
-    if isinstance(exc, ApiError):
-        return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, exc.headers)
-    status = getattr(exc, "status_code", 400)
-    return JSONResponse({"error": str(exc), "status": status}, status)
+    def apply_routing_change(self, change: RoutingChange) -> None:
+        model = change.model or self.routing.default_model
+        if change.action == "set_weights":
+            if not change.weights:
+                raise http_error(400, "set_weights needs weights: {version: weight}")
+            self.routing.set_weights(model, change.weights)
+        elif change.action == "promote":
+            if not change.version:
+                raise http_error(400, "promote needs a version")
+            self.routing.promote(model, change.version)
+        else:
+            self.routing.rollback(model)
 
 
 async def _models(request: Request) -> JSONResponse:
     return JSONResponse(await _instance.describe_models())  # type: ignore[union-attr]
 
 
-async def _admin_routing(request: Request) -> JSONResponse:
-    try:
-        body = await request.json()
-        if not isinstance(body, dict):
-            raise ApiError(400, "body must be a JSON object")
-        return JSONResponse(await _instance.admin_routing(body))  # type: ignore[union-attr]
-    except (ApiError, RoutingError) as exc:
-        return _json_error(exc)
-    except ValueError as exc:
-        return _json_error(ApiError(400, f"invalid JSON: {exc}"))
-    except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
-        return _json_error(ApiError(409, f"routing file not writable here ({exc.strerror}); change it where it is managed"))
-
-
 admin_app.router.routes.extend([
     Route("/models", _models, methods=["GET"]),
-    Route("/admin/routing", _admin_routing, methods=["POST"]),
 ])
 Gateway.add_asgi_middleware(HttpGuard)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -46,3 +46,13 @@ class PredictResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     status: int
+
+
+class RoutingChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["set_weights", "promote", "rollback"]
+    model: Name | None = Field(None, description="Model name; default: the routing table's default model.")
+    weights: dict[Version, Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
+        None, max_length=16, description="set_weights: {version: weight}, any scale (90/10 = 0.9/0.1).")
+    version: Version | None = Field(None, description="promote: the version that gets all traffic.")

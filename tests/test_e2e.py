@@ -259,16 +259,18 @@ def test_model_runner_down_gives_503_then_recovers(app, env):
 
 
 def test_fuzzing_the_openapi_spec_finds_no_server_error(app, env, tmp_path):
-    """schemathesis generates requests from the served /docs.json: never a 5xx."""
+    """schemathesis generates requests from the served /docs.json: never a 5xx. Runs last in
+    this module: with the admin key it also fuzzes (and so rewrites) the routing table."""
     import shutil
     import subprocess
 
     st = shutil.which("st") or pytest.skip("schemathesis is not installed")
     out = subprocess.run(
         [st, "run", app.gateway.url + "/docs.json", "--checks", "not_a_server_error", "--max-examples", "60",
-         "--header", f"Authorization: Bearer {env['keys']['predict']}", "--workers", "2",
+         "--header", f"Authorization: Bearer {env['keys']['admin']}", "--workers", "2",
          "--report", "junit", "--report-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-4000:]
-    assert "No issues found" in out.stdout, out.stdout[-2000:]
-    print(next((line for line in out.stdout.splitlines() if "generated" in line), ""))
+    summary = next((line for line in out.stdout.splitlines() if " generated, " in line), "")
+    assert summary and "failed" not in summary and "failure" not in summary, out.stdout[-3000:]
+    print(summary)
