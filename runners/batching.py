@@ -1,8 +1,9 @@
 """An adaptive batcher: concurrent callers' items become one handler call.
 
-One queue, one batch in flight. While a batch runs, new items wait in the queue; the next batch
-takes everything waiting (up to ``max_batch_size`` units), so batches grow with load and a lone
-request never waits for company unless ``max_delay_s`` asks it to. The batcher does not know
+One queue, ``max_concurrent`` batches in flight (default 1: a model worker computes one batch at a
+time). While batches run, new items wait in the queue; the next batch takes everything waiting
+(up to ``max_batch_size`` units), so batches grow with load and a lone request never waits for
+company unless ``max_delay_s`` asks it to. The batcher does not know
 what it batches: the handler receives a list of items and returns one result per item.
 (After MLServer's ``batching/adaptive.py`` and Ray Serve's ``@serve.batch``.)
 """
@@ -39,6 +40,7 @@ class AdaptiveBatcher(Generic[T, R]):
         max_delay_s: float = 0.0,
         size_of: Callable[[T], int] = lambda _: 1,
         on_batch: Callable[[BatchStats], None] | None = None,
+        max_concurrent: int = 1,
     ) -> None:
         self.handler = handler
         self.max_batch_size = max_batch_size
@@ -48,6 +50,8 @@ class AdaptiveBatcher(Generic[T, R]):
         self.stats = BatchStats()
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R], float]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._running: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> R:
         if self._worker is None or self._worker.done():
@@ -89,24 +93,33 @@ class AdaptiveBatcher(Generic[T, R]):
 
     async def _run(self) -> None:
         while True:
+            await self._slots.acquire()
             batch = await self._collect()
             live = [(item, fut, t) for item, fut, t in batch if not fut.cancelled()]
             if not live:
+                self._slots.release()
                 continue
-            started = time.perf_counter()
-            try:
-                results = await self.handler([item for item, _, _ in live])
-                if len(results) != len(live):
-                    raise RuntimeError(f"handler returned {len(results)} results for {len(live)} items")
-            except Exception as exc:  # every caller of the batch gets the error
-                for _, fut, _ in live:
-                    if not fut.done():
-                        fut.set_exception(exc)
-            else:
-                for (_, fut, _), res in zip(live, results):
-                    if not fut.done():
-                        fut.set_result(res)
-            self._record(live, started)
+            task = asyncio.get_running_loop().create_task(self._dispatch(live))
+            self._running.add(task)  # keep a reference until it is done
+            task.add_done_callback(self._running.discard)
+
+    async def _dispatch(self, live: list[tuple[T, asyncio.Future[R], float]]) -> None:
+        started = time.perf_counter()
+        try:
+            results = await self.handler([item for item, _, _ in live])
+            if len(results) != len(live):
+                raise RuntimeError(f"handler returned {len(results)} results for {len(live)} items")
+        except Exception as exc:  # every caller of the batch gets the error
+            for _, fut, _ in live:
+                if not fut.done():
+                    fut.set_exception(exc)
+        else:
+            for (_, fut, _), res in zip(live, results):
+                if not fut.done():
+                    fut.set_result(res)
+        finally:
+            self._slots.release()
+        self._record(live, started)
 
     def _record(self, live: list[tuple[T, asyncio.Future[R], float]], started: float) -> None:
         now = time.perf_counter()

@@ -59,6 +59,7 @@ class Settings:
     rate_limit_burst: int = 100
     routing_file: str = ""
     runner_timeout_s: float = 2.0
+    coalesce_max_inflight: int = 4  # merged runner calls in flight per gateway worker
     breaker_failures: int = 5
     breaker_reset_s: float = 2.0
     grpc_port: int = 50051

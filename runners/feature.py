@@ -75,10 +75,11 @@ class FeatureRunner:
 
     @bentoml.api
     async def features(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,
-                       dtype: str = "float32") -> bytes:
-        """Sample and fetch; returns the encoded FeatureTensor (``runners.feature_tensor``)."""
+                       dtype: str = "float32", seeds: list[int] | None = None) -> bytes:
+        """Sample and fetch; returns the encoded FeatureTensor (``runners.feature_tensor``).
+        ``seeds`` (one per node) lets a caller merge requests that carry different seeds."""
         try:
-            request = self.builder.validate(node_ids, fanout, seed, dtype)
+            request = self.builder.validate(node_ids, fanout, seed, dtype, seeds)
         except TooManyNodes as exc:
             raise bentoml.exceptions.UnprocessableEntity(str(exc)) from exc
         except InvalidRequest as exc:

@@ -36,6 +36,7 @@ class FeatureRequest:
     fanout: tuple[int, ...]
     seed: int
     dtype: str = "float32"
+    seeds: np.ndarray | None = None  # one per node: several gateway requests merged into one
 
 
 @dataclasses.dataclass
@@ -57,7 +58,7 @@ class NeighbourhoodBuilder:
         self.last = BatchTimings()
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
-                 dtype: str = "float32") -> FeatureRequest:
+                 dtype: str = "float32", seeds: Sequence[int] | None = None) -> FeatureRequest:
         ids = _as_ids(node_ids)
         if ids.size == 0:
             raise InvalidRequest("node_ids is empty")
@@ -75,9 +76,15 @@ class NeighbourhoodBuilder:
             raise InvalidRequest(f"fanout {list(fan)} outside 1..{list(self.max_fanout)} per hop")
         if dtype not in TRANSPORT_DTYPES:
             raise InvalidRequest(f"dtype must be one of {TRANSPORT_DTYPES}")
-        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+        if seed is not None and not _valid_seed(seed):
             raise InvalidRequest("seed must be an integer in [0, 2^63)")
-        return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype)
+        per_node = None
+        if seeds is not None:
+            if not isinstance(seeds, (list, tuple)) or len(seeds) != ids.size or not all(map(_valid_seed, seeds)):
+                raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
+            per_node = np.asarray(seeds, dtype=np.int64)
+        return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype,
+                              per_node)
 
     async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         started = time.perf_counter()
@@ -87,7 +94,7 @@ class NeighbourhoodBuilder:
             by_fanout[r.fanout].append(i)
         for fan, members in by_fanout.items():
             targets = np.concatenate([requests[i].node_ids for i in members])
-            seeds = np.concatenate([np.full(requests[i].node_ids.size, requests[i].seed, np.int64) for i in members])
+            seeds = np.concatenate([_seeds_of(requests[i]) for i in members])
             tree = sample_tree(self.snapshot.indptr, self.snapshot.indices, targets, fan, seed=seeds)
             lo = 0
             for i in members:
@@ -106,6 +113,16 @@ class NeighbourhoodBuilder:
         self.last = BatchTimings(sampled - started, fetch_stats, time.perf_counter() - fetched,
                                  sum(r.node_ids.size for r in requests), int(all_ids.size))
         return out
+
+
+def _valid_seed(seed: object) -> bool:
+    return isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and 0 <= seed < 2**63
+
+
+def _seeds_of(request: FeatureRequest) -> np.ndarray:
+    if request.seeds is not None:
+        return request.seeds
+    return np.full(request.node_ids.size, request.seed, np.int64)
 
 
 def _as_ids(node_ids: object) -> np.ndarray:

@@ -72,6 +72,8 @@ class Gateway:
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,
+            max_merge_nodes=cfg.max_nodes_per_request,
+            max_inflight=cfg.coalesce_max_inflight,
         )
         self._next_reload = 0.0
         self.grpc_server: Any = None

@@ -9,15 +9,18 @@ GraphSAGERunner is down, a 503 that clears as soon as it returns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
 
 from runners import wire
+from runners.batching import AdaptiveBatcher
+from runners.sampling import random_seed
 from services.breaker import BreakerOpen, CircuitBreaker
 from services.protocol import NodePrediction, PredictRequest, PredictResponse
 
@@ -122,9 +125,25 @@ def to_predictions(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, 
     return out
 
 
+@dataclasses.dataclass(eq=False)
+class _Call:
+    req: PredictRequest
+    tag: str
+    seed: int
+
+    @property
+    def group(self) -> tuple[str, tuple[int, ...] | None, bool]:
+        return self.tag, tuple(self.req.fanout) if self.req.fanout else None, self.req.embedding
+
+
 class PredictionCore:
+    """Concurrent requests are coalesced: each batch (per version, fanout and embedding flag)
+    costs one FeatureRunner call and one GraphSAGERunner call instead of two per request. Each
+    request keeps its own seed (``seeds`` per node), so merging changes no answer."""
+
     def __init__(self, router: Router, features: FeaturesCall, infer: InferCall, feature_breaker: CircuitBreaker,
-                 model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None) -> None:
+                 model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
+                 max_merge_nodes: int = 1024, max_inflight: int = 4) -> None:
         self.router = router
         self._features = rejecting_client_errors(features)
         self._infer = rejecting_client_errors(infer)
@@ -132,6 +151,9 @@ class PredictionCore:
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
         self.stale = stale or StaleAnswers()
+        self.coalescer: AdaptiveBatcher[_Call, PredictResponse | ApiError] = AdaptiveBatcher(
+            self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
+            max_concurrent=max_inflight)
 
     def route(self, req: PredictRequest) -> str:
         version = req.version
@@ -140,32 +162,59 @@ class PredictionCore:
         return self.router.choose(req.model, version, req.routing_key)
 
     async def predict(self, req: PredictRequest) -> PredictResponse:
-        tag = self.route(req)
+        call = _Call(req, self.route(req), req.seed if req.seed is not None else random_seed())
+        outcome = await self.coalescer.submit(call)
+        if isinstance(outcome, ApiError):
+            raise outcome
+        return outcome
+
+    async def _run_merged(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+        groups: dict[tuple, list[_Call]] = defaultdict(list)
+        for call in calls:
+            groups[call.group].append(call)
+        answers = await asyncio.gather(*(self._run_group(g) for g in groups.values()))
+        by_call = {id(c): a for g, ans in zip(groups.values(), answers) for c, a in zip(g, ans)}
+        return [by_call[id(c)] for c in calls]
+
+    async def _one_by_one(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+        """A runner rejected a merged call: isolate the request(s) at fault."""
+        return [a for answers in await asyncio.gather(*(self._run_group([c]) for c in calls)) for a in answers]
+
+    async def _run_group(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+        first = calls[0]
+        node_ids = [n for c in calls for n in c.req.node_ids]
+        seeds = [c.seed for c in calls for _ in c.req.node_ids]
         try:
             blob = await self.feature_breaker.call(
-                self._features, node_ids=req.node_ids, fanout=req.fanout, seed=req.seed,
+                self._features, node_ids=node_ids, fanout=first.req.fanout, seeds=seeds,
                 timeout_s=self.timeout_s, ignore=(RunnerRejected,))
         except RunnerRejected as exc:
-            raise ApiError(exc.status, str(exc)) from exc
+            return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
         except Exception as exc:  # noqa: BLE001 - anything else: the runner is unavailable
-            return self._degraded(tag, req, exc)
+            return [self._degraded(c.tag, c.req, exc) for c in calls]
         try:
             packed = await self.model_breaker.call(
-                self._infer, tensor=blob, model=tag, embedding=req.embedding,
+                self._infer, tensor=blob, model=first.tag, embedding=first.req.embedding,
                 timeout_s=self.timeout_s, ignore=(RunnerRejected,))
         except RunnerRejected as exc:
             if exc.status == 404:
-                raise ApiError(404, f"unknown model version {tag!r}") from exc
-            raise ApiError(exc.status, str(exc)) from exc
+                return [ApiError(404, f"unknown model version {first.tag!r}") for _ in calls]
+            return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
         except Exception as exc:  # noqa: BLE001
             retry = exc.retry_after_s if isinstance(exc, BreakerOpen) else 1.0
             log.warning("GraphSAGERunner unavailable: %s", _reason(exc))
-            raise ApiError(503, f"model runner unavailable: {_reason(exc)}",
-                           {"Retry-After": str(max(1, int(np.ceil(retry))))}) from exc
+            headers = {"Retry-After": str(max(1, int(np.ceil(retry))))}
+            return [ApiError(503, f"model runner unavailable: {_reason(exc)}", headers) for _ in calls]
         meta, arrays = wire.unpack(packed)
-        predictions = to_predictions(req.node_ids, meta, arrays)
-        self.stale.put(tag, predictions)  # keyed as routed: what a degraded request resolves to
-        return PredictResponse(model=meta["model"], predictions=predictions)
+        out: list[PredictResponse | ApiError] = []
+        lo = 0
+        for c in calls:
+            hi = lo + len(c.req.node_ids)
+            predictions = to_predictions(c.req.node_ids, meta, {k: v[lo:hi] for k, v in arrays.items()})
+            self.stale.put(c.tag, predictions)  # keyed as routed: what a degraded request resolves to
+            out.append(PredictResponse(model=meta["model"], predictions=predictions))
+            lo = hi
+        return out
 
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> PredictResponse:
         reason = f"feature runner unavailable: {_reason(exc)}"

@@ -230,3 +230,25 @@ def test_stats_record_batches_items_and_queue_vs_compute_time():
     assert stats.compute_seconds == pytest.approx(seen[0][3] + seen[1][3])
     assert stats.queue_seconds == pytest.approx(seen[0][2] + seen[1][2])
     assert stats.last_batch_units == 7
+
+
+def test_max_concurrent_runs_batches_side_by_side():
+    active, peak = 0, 0
+
+    async def handler(items):
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.02)
+        active -= 1
+        return items
+
+    async def run(limit):
+        nonlocal peak
+        peak = 0
+        b = AdaptiveBatcher(handler, max_batch_size=1, max_concurrent=limit)
+        assert await asyncio.gather(*(b.submit(i) for i in range(6))) == list(range(6))
+        return peak
+
+    assert asyncio.run(run(1)) == 1
+    assert asyncio.run(run(3)) == 3

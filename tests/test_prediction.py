@@ -1,0 +1,104 @@
+"""The gateway's prediction core without BentoML: coalescing, isolation of bad requests, degraded
+answers and 503s, against fake runners."""
+
+import asyncio
+from http import HTTPStatus
+
+import numpy as np
+import pytest
+
+from runners import wire
+from services.breaker import CircuitBreaker
+from services.prediction import ApiError, PredictionCore
+from services.protocol import PredictRequest
+
+
+class Rejected(Exception):
+    error_code = HTTPStatus.BAD_REQUEST
+
+
+class FakeRunners:
+    """features() packs ids and seeds; infer() derives probabilities from them, so an answer
+    depends only on (node, seed), as the real sampler guarantees."""
+
+    def __init__(self) -> None:
+        self.feature_calls: list[int] = []
+        self.infer_calls = 0
+        self.features_down = False
+        self.model_down = False
+
+    async def features(self, node_ids, fanout=None, seeds=None):
+        await asyncio.sleep(0.01)
+        if self.features_down:
+            raise ConnectionRefusedError("down")
+        if 999 in node_ids:
+            raise Rejected("unknown node ids [999]")
+        self.feature_calls.append(len(node_ids))
+        return wire.pack({"ids": np.array(node_ids, np.int64), "seeds": np.array(seeds, np.int64)})
+
+    async def infer(self, tensor, model, embedding=False):
+        await asyncio.sleep(0.01)
+        if self.model_down:
+            raise ConnectionRefusedError("down")
+        self.infer_calls += 1
+        _, a = wire.unpack(tensor)
+        logits = np.stack([np.sin(a["ids"] * 1.0 + a["seeds"] % 97 + k) for k in range(3)], 1).astype(np.float32)
+        probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        return wire.pack({"logits": logits, "probs": probs.astype(np.float32)}, {"model": model, "backend": "fake", "task": "multiclass"})
+
+
+class OneRoute:
+    def choose(self, model, version, routing_key):
+        return version or "graphsage:v1"
+
+
+def core(runners: FakeRunners) -> PredictionCore:
+    return PredictionCore(OneRoute(), runners.features, runners.infer, CircuitBreaker("f", failures=100),
+                          CircuitBreaker("m", failures=100), timeout_s=1.0)
+
+
+def test_concurrent_requests_are_merged_without_changing_answers():
+    runners = FakeRunners()
+    reqs = [PredictRequest(node_ids=[i, i + 1], seed=i) for i in range(40)]
+
+    async def run():
+        c = core(runners)
+        merged = await asyncio.gather(*(c.predict(r) for r in reqs))
+        alone = [await core(FakeRunners()).predict(r) for r in reqs]
+        return merged, alone
+
+    merged, alone = asyncio.run(run())
+    assert [m.model_dump() for m in merged] == [a.model_dump() for a in alone]
+    assert len(runners.feature_calls) < len(reqs) / 4, runners.feature_calls  # far fewer runner calls
+    assert sum(runners.feature_calls) == 80
+
+
+def test_a_rejected_request_does_not_fail_the_others_in_its_batch():
+    runners = FakeRunners()
+    reqs = [PredictRequest(node_ids=[1, 999] if i == 3 else [i], seed=1) for i in range(8)]
+
+    async def run():
+        c = core(runners)
+        return await asyncio.gather(*(c.predict(r) for r in reqs), return_exceptions=True)
+
+    out = asyncio.run(run())
+    assert isinstance(out[3], ApiError) and out[3].status == 400 and "999" in out[3].message
+    assert all(not isinstance(o, Exception) for i, o in enumerate(out) if i != 3)
+
+
+def test_feature_runner_down_degrades_and_model_runner_down_is_503():
+    runners = FakeRunners()
+
+    async def run():
+        c = core(runners)
+        await c.predict(PredictRequest(node_ids=[5], seed=1))
+        runners.features_down = True
+        degraded = await c.predict(PredictRequest(node_ids=[5, 6], seed=1))
+        runners.features_down, runners.model_down = False, True
+        with pytest.raises(ApiError) as info:
+            await c.predict(PredictRequest(node_ids=[5], seed=1))
+        return degraded, info.value
+
+    degraded, error = asyncio.run(run())
+    assert degraded.degraded and degraded.predictions[0].stale and degraded.predictions[1].label is None
+    assert error.status == 503 and error.headers["Retry-After"] == "1"
