@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 BENTOML := $(VENV)/bin/bentoml
 PORT ?= 3000
 
-.PHONY: install demo-model serve test test-fast parity bench clean
+.PHONY: install demo-model serve test test-fast parity bench audit soak clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,15 @@ test-fast: install
 
 parity: install
 	$(PY) -m training_export parity
+
+# Vulnerability audit of the installed packages; needs the PyPI JSON API or api.osv.dev.
+audit: install
+	$(PY) -m pip install -q pip-audit
+	$(VENV)/bin/pip-audit --progress-spinner off
+
+# 10 minutes of steady load: errors, P99 drift, memory growth (docs/reliability.md).
+soak: install
+	$(PY) bench/soak.py --minutes 10
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,7 +21,7 @@ import bentoml
 
 from runners import wire
 from runners.batching import AdaptiveBatcher, BatchStats
-from runners.config import RUNNER_CONNECTION, settings
+from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
@@ -34,6 +34,7 @@ log = logging.getLogger("graphsage.model")
     workers=settings().model_workers,
     traffic={"timeout": 30, "max_concurrency": 1024},
     runner_connection=RUNNER_CONNECTION,
+    logging=RUNNER_LOGGING,
 )
 class GraphSAGERunner:
     def __init__(self) -> None:

@@ -53,6 +53,7 @@ admin_app = Starlette()
     workers=settings().gateway_workers,
     http={"port": 3000},
     traffic={"timeout": 30, "max_concurrency": 2048},
+    logging={"access": {"enabled": settings().access_log}},
 )
 @bentoml.asgi_app(admin_app, path="/")
 class Gateway:
