@@ -1,0 +1,3 @@
+from bench.suite.runner import main
+
+main()

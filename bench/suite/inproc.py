@@ -1,0 +1,128 @@
+"""Baselines B3 and B4: the whole job in one Python process, no HTTP, no serialisation.
+
+B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate + sample_tree +
+    tiered feature fetch, L1 holding every row after the first pass, no Redis) ->
+    ``runners.inference.run_batch`` (merge + ONNX Runtime, 1 intra-op thread, as served).
+    Also without L1 (``b3_no_l1``: rows gathered from the memory-mapped snapshot).
+B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
+    (gather per slot + edge lists) -> ``PygGraphSAGE`` with the stored ``state_dict.pt`` ->
+    softmax; torch with 1 thread (as B3) and with all cores.
+
+Same Zipf(1.0) targets for both. Run as a subprocess so that torch never loads into the driver:
+
+    BENTOML_HOME=/tmp/gsage-bench-home python -m bench.suite.inproc --budget 3 > b34.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _timed(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 20_000) -> np.ndarray:
+    fn(inputs[0])  # warm-up
+    out: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(out) < max_calls and (len(out) < min_calls or time.perf_counter() < deadline):
+        x = inputs[len(out) % len(inputs)]
+        t = time.perf_counter()
+        fn(x)
+        out.append(time.perf_counter() - t)
+    return np.asarray(out)
+
+
+def _stats(secs: np.ndarray, nodes: int) -> dict:
+    ms = secs * 1e3
+    return {"calls": int(ms.size), "nodes_per_request": nodes, "p50_ms": float(np.percentile(ms, 50)),
+            "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()), "nodes_per_s": nodes / float(secs.mean())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument("--sizes", default="1,256")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+
+    import torch
+
+    from bench.suite.workload import Zipf
+    from runners.cache.tiered import build_feature_store
+    from runners.config import Settings
+    from runners.inference import InferenceItem, ModelRegistry, run_batch
+    from runners.neighbourhood import NeighbourhoodBuilder
+    from runners.sampling import sample_tree
+    from runners.snapshot import load_snapshot
+    from training_export.pyg_model import PygGraphSAGE, mfg_tensors
+
+    t0 = time.perf_counter()
+    snap = load_snapshot("graph-snapshot:latest")
+    registry = ModelRegistry("onnx", 1)
+    loaded = registry.load("graphsage:latest")
+    cfg = loaded.artifacts.config
+    fanout = tuple(cfg.fanout)
+    settings = Settings(l1_bytes=snap.num_nodes * (snap.feature_dim * 4 + 256), redis_url="")
+    store = build_feature_store(settings, snap.features, snap.tag)
+    builder = NeighbourhoodBuilder(snap, store, fanout, 4096)
+    # B3 without L1: every row gathered straight from the memory-mapped snapshot (page cache)
+    bare = NeighbourhoodBuilder(snap, build_feature_store(Settings(l1_bytes=0, redis_url=""), snap.features, snap.tag),
+                                fanout, 4096)
+    pyg = PygGraphSAGE(cfg)
+    pyg.load_state_dict(torch.load(loaded.artifacts.state_dict_path, weights_only=True), strict=True)
+    pyg.eval()
+    zipf = Zipf(snap.num_nodes, a.seed)
+    loop = asyncio.new_event_loop()
+    rng = np.random.default_rng(a.seed)
+    out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "num_nodes": snap.num_nodes,
+                 "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0, "b3": {}, "b4": {},
+                 "b4_threads_all": {}, "b3_no_l1": {}}
+
+    def b3(ids: np.ndarray) -> np.ndarray:
+        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)))
+        (ft,) = loop.run_until_complete(builder.build([req]))
+        (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
+        return res["probs"]
+
+    def b3_bare(ids: np.ndarray) -> np.ndarray:
+        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)))
+        (ft,) = loop.run_until_complete(bare.build([req]))
+        (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
+        return res["probs"]
+
+    def b4(ids: np.ndarray) -> np.ndarray:
+        tree = sample_tree(snap.indptr, snap.indices, ids, fanout, seed=int(rng.integers(2**62)))
+        xs, edges = mfg_tensors(tree, snap.features)
+        with torch.inference_mode():
+            logits, _ = pyg(xs, edges)
+            return torch.softmax(logits, -1).numpy()
+
+    # Warm L1 with every row (the monolith's best case; the served app's L1 is smaller).
+    loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))
+    out["setup_s"] = round(time.perf_counter() - t0, 1)
+    for n in (int(x) for x in a.sizes.split(",")):
+        inputs = [zipf.draw(n) for _ in range(64 if n <= 64 else 8)]
+        min_calls = 20 if n <= 64 else 5
+        torch.set_num_threads(1)
+        out["b3"][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls), n)
+        out["b3_no_l1"][str(n)] = _stats(_timed(b3_bare, inputs, a.budget / 2, min_calls), n)
+        out["b4"][str(n)] = _stats(_timed(b4, inputs, a.budget, min_calls), n)
+        torch.set_num_threads(os.cpu_count() or 1)
+        out["b4_threads_all"][str(n)] = _stats(_timed(b4, inputs, a.budget / 2, min_calls), n)
+        print(f"  in-process {n:>4} nodes: B3 {out['b3'][str(n)]['nodes_per_s']:,.0f} nodes/s "
+              f"p99 {out['b3'][str(n)]['p99_ms']:.2f} ms (no L1: {out['b3_no_l1'][str(n)]['nodes_per_s']:,.0f}) | "
+              f"B4 {out['b4'][str(n)]['nodes_per_s']:,.0f} nodes/s",
+              file=sys.stderr, flush=True)
+    out["torch_threads_all"] = os.cpu_count()
+    loop.close()
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""A lean HTTP load generator: asyncio + aiohttp, closed loop and open loop, always bounded.
+
+    closed loop: ``concurrency`` workers each send the next request as soon as the last one
+                 answered (throughput is the outcome, latency the price).
+    open loop:   requests start at a fixed arrival rate whatever the server does; latency is
+                 measured from the *scheduled* start, so a stalled server is not hidden
+                 (no coordinated omission). In-flight requests are capped; an arrival that finds
+                 the cap full is counted as ``dropped`` (an error), never queued silently.
+
+Every run stops at ``duration_s`` or ``max_requests``, whichever comes first; requests still in
+flight at the end get ``timeout_s`` to finish. Results: P50/P90/P99/P99.9, req/s, nodes/s,
+errors by status (``exc:<Type>`` for transport errors), ``degraded`` answers.
+
+CLI (for ad-hoc runs against any ``/predict``)::
+
+    python -m bench.suite.loadgen --url http://127.0.0.1:3000/predict --concurrency 8 \
+        --duration 10 --nodes 1 --dist zipf --num-nodes 100000
+    python -m bench.suite.loadgen --url ... --rate 200 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
+DEGRADED = b'"degraded":true'
+
+
+@dataclasses.dataclass
+class LoadResult:
+    mode: str  # closed | open
+    concurrency: int | None
+    rate: float | None
+    nodes_per_request: int
+    latencies_s: np.ndarray  # successful requests only
+    errors: dict[str, int]
+    degraded: int
+    elapsed_s: float
+    sent: int
+
+    @property
+    def ok(self) -> int:
+        return int(self.latencies_s.size)
+
+    def summary(self) -> dict[str, Any]:
+        ms = self.latencies_s * 1e3
+        out: dict[str, Any] = {
+            "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
+            "nodes_per_request": self.nodes_per_request, "sent": self.sent, "ok": self.ok,
+            "errors": dict(self.errors), "error_count": int(sum(self.errors.values())),
+            "degraded": self.degraded, "elapsed_s": round(self.elapsed_s, 3),
+            "req_per_s": self.ok / self.elapsed_s if self.elapsed_s > 0 else 0.0,
+        }
+        out["nodes_per_s"] = out["req_per_s"] * self.nodes_per_request
+        if ms.size:
+            for name, q in PERCENTILES.items():
+                out[f"{name}_ms"] = float(np.percentile(ms, q))
+            out["mean_ms"] = float(ms.mean())
+            out["max_ms"] = float(ms.max())
+        return out
+
+    def cdf(self, points: int = 200) -> dict[str, list[float]]:
+        """A down-sampled empirical CDF (ms, fraction) for plots."""
+        ms = np.sort(self.latencies_s * 1e3)
+        if not ms.size:
+            return {"ms": [], "q": []}
+        q = np.unique(np.concatenate([np.linspace(0, 1, points), 1 - np.logspace(-4, -1, 40)]))
+        return {"ms": np.quantile(ms, q).round(4).tolist(), "q": q.round(6).tolist()}
+
+
+def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
+    conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=False, ttl_dns_cache=None)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                 headers={"Content-Type": "application/json"})
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[str | None, bool]:
+    """(error key or None, degraded)."""
+    try:
+        async with session.post(url, data=body) as resp:
+            data = await resp.read()
+            if resp.status != 200:
+                return str(resp.status), False
+            return None, DEGRADED in data[:200] or DEGRADED in data[-200:]
+    except asyncio.TimeoutError:
+        return "exc:Timeout", False
+    except aiohttp.ClientError as exc:
+        return f"exc:{type(exc).__name__}", False
+
+
+async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, duration_s: float,
+                      max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
+                      warmup_requests: int = 0) -> LoadResult:
+    """``concurrency`` workers back to back; bounded by ``duration_s`` and ``max_requests``."""
+    async with _session(concurrency, timeout_s) as session:
+        for i in range(warmup_requests):  # connection set-up and first-call costs, not counted
+            await _one(session, url, bodies[i % len(bodies)])
+        lat: list[float] = []
+        errors: Counter[str] = Counter()
+        degraded = 0
+        sent = 0
+        start = time.perf_counter()
+        stop_at = start + duration_s
+
+        async def worker() -> None:
+            nonlocal sent, degraded
+            while sent < max_requests and time.perf_counter() < stop_at:
+                body = bodies[sent % len(bodies)]
+                sent += 1
+                t = time.perf_counter()
+                err, deg = await _one(session, url, body)
+                if err is None:
+                    lat.append(time.perf_counter() - t)
+                    degraded += deg
+                else:
+                    errors[err] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return LoadResult("closed", concurrency, None, nodes_per_request, np.asarray(lat), dict(errors), degraded,
+                      elapsed, sent)
+
+
+async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: float,
+                    max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
+                    max_in_flight: int = 512, poisson: bool = True, seed: int = 0) -> LoadResult:
+    """Arrivals at ``rate``/s (Poisson or evenly spaced); latency from the scheduled start."""
+    rng = np.random.default_rng(seed)
+    n = int(min(max_requests, max(1, rate * duration_s)))
+    gaps = rng.exponential(1.0 / rate, n) if poisson else np.full(n, 1.0 / rate)
+    offsets = np.cumsum(gaps) - gaps[0]
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
+    degraded = 0
+    in_flight = 0
+    tasks: set[asyncio.Task[None]] = set()
+
+    async with _session(max_in_flight, timeout_s) as session:
+        async def fire(body: bytes, scheduled: float) -> None:
+            nonlocal in_flight, degraded
+            try:
+                err, deg = await _one(session, url, body)
+                if err is None:
+                    lat.append(time.perf_counter() - scheduled)
+                    degraded += deg
+                else:
+                    errors[err] += 1
+            finally:
+                in_flight -= 1
+
+        start = time.perf_counter()
+        sent = 0
+        for i, off in enumerate(offsets):
+            scheduled = start + off
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if in_flight >= max_in_flight:
+                errors["dropped"] += 1
+                continue
+            in_flight += 1
+            sent += 1
+            task = asyncio.get_running_loop().create_task(fire(bodies[i % len(bodies)], scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(list(tasks), timeout=timeout_s + 1)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+    return LoadResult("open", None, rate, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent)
+
+
+def main() -> None:
+    from bench.suite.workload import bodies as make_bodies
+    from bench.suite.workload import make_dist
+
+    p = argparse.ArgumentParser(description="closed/open-loop load on POST /predict")
+    p.add_argument("--url", required=True)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--rate", type=float, default=0.0, help="open loop at this arrival rate (req/s)")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--max-requests", type=int, default=100_000)
+    p.add_argument("--nodes", type=int, default=1, help="node ids per request")
+    p.add_argument("--dist", choices=("zipf", "uniform"), default="zipf")
+    p.add_argument("--num-nodes", type=int, default=100_000)
+    p.add_argument("--timeout", type=float, default=10.0)
+    a = p.parse_args()
+    pool = make_bodies(make_dist(a.dist, a.num_nodes, 1), a.nodes, 2000)
+    if a.rate > 0:
+        res = asyncio.run(open_loop(a.url, pool, a.rate, a.duration, a.max_requests, a.timeout, a.nodes))
+    else:
+        res = asyncio.run(closed_loop(a.url, pool, a.concurrency, a.duration, a.max_requests, a.timeout, a.nodes,
+                                      warmup_requests=min(20, a.max_requests)))
+    print(json.dumps(res.summary(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Processes of the suite: BentoML services started split (one ``start-http-server`` per
+service, as tests/app_harness.SplitApp and the container run them), a throw-away Redis, and
+per-service CPU / memory accounting with psutil. Everything is stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.app_harness import free_port, private_home
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where the services run from (their cwd, so their imports): the checkout, or a snapshot of it
+# taken at the start of the run (``snapshot_code``) so that edits made while the suite runs do
+# not change the code under test half-way.
+CODE_DIR = ROOT
+SNAPSHOT_DIRS = ("services", "runners", "training_export", "bench", "tests")
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return out.stdout if out.returncode == 0 else ""
+
+
+def snapshot_code(dest: str, mode: str = "worktree") -> dict:
+    """Copy the code the services import into ``dest``: ``worktree`` = the files on disk now
+    (tracked and untracked, ignored ones skipped except generated gRPC stubs), ``head`` = the
+    last commit for services/ runners/ training_export/ (bench/ and tests/ from disk). Returns
+    the provenance recorded in the results."""
+    global CODE_DIR
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    os.makedirs(dest)
+    files = _git("ls-files", "-co", "--exclude-standard", "--", *SNAPSHOT_DIRS).split("\n")
+    files = [f for f in files if f and not f.startswith("bench/results/")]
+    if mode == "head":
+        archive = subprocess.run(["git", "archive", "HEAD", "services", "runners", "training_export"], cwd=ROOT,
+                                 capture_output=True, timeout=60, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True, timeout=60)
+        files = [f for f in files if f.startswith(("bench/", "tests/"))]
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            os.makedirs(os.path.join(dest, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, rel))
+    grpc = ROOT / "services" / "grpc_gen"
+    if grpc.is_dir() and not os.path.exists(os.path.join(dest, "services", "grpc_gen")):
+        shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    CODE_DIR = Path(dest)
+    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", "services", "runners", "training_export")
+             .splitlines() if ln.strip()]
+    return {"mode": mode, "git_head": _git("rev-parse", "HEAD").strip(),
+            "git_head_subject": _git("log", "-1", "--format=%s").strip(),
+            "uncommitted_in_code": dirty if mode == "worktree" else [],
+            "uncommitted_ignored": dirty if mode == "head" else [], "dir": dest}
+START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
+APP = "services.gateway:Gateway"
+TRIVIAL = "bench.suite.trivial_services:TrivialGateway"
+TRIVIAL_SINGLE = "bench.suite.trivial_services:TrivialSingle"
+
+
+class Proc:
+    """One BentoML service (arbiter + workers) on a free loopback port."""
+
+    def __init__(self, target: str, name: str, home: str, env: dict[str, str], log_dir: str,
+                 depends: dict[str, str] | None = None, workers: int = 1, label: str | None = None) -> None:
+        self.target, self.name, self.home, self.env = target, name, home, env
+        self.depends = depends or {}
+        self.workers = workers
+        self.label = label or name
+        self.port = free_port()
+        self.log_path = os.path.join(log_dir, f"{self.label}-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+        self.own_home: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> None:
+        self.own_home = private_home(self.home, f"bench-{self.label}-{self.port}")
+        env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env, "BENTOML_HOME": self.own_home}
+        cmd = [*START, self.target, "--service-name", self.name, "--port", str(self.port), "--host", "127.0.0.1",
+               "--api-workers", str(self.workers)]
+        for dep, url in self.depends.items():
+            cmd += ["--depends", f"{dep}={url}"]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=CODE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_ready(self, wait_s: float = 120.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise TimeoutError(f"{self.label} not ready after {wait_s}s:\n{self.log_tail()}")
+
+    def tree(self) -> list[psutil.Process]:
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        return []
+
+    def cpu_seconds(self) -> float:
+        total = 0.0
+        for p in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def memory(self) -> dict[str, float]:
+        """RSS and PSS (MiB) summed over the service's processes, and of its largest one (the
+        worker). RSS counts shared pages (the memory-mapped snapshot) in every process that
+        touched them; PSS divides them."""
+        rss = pss = top = 0.0
+        procs = 0
+        for p in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                m = p.memory_full_info()
+                rss += m.rss
+                pss += getattr(m, "pss", m.rss)
+                top = max(top, m.rss)
+                procs += 1
+        mib = 2.0**20
+        return {"rss_mib": rss / mib, "pss_mib": pss / mib, "worker_rss_mib": top / mib, "processes": procs}
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        tree = self.tree()
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=timeout_s)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        if self.own_home and os.path.basename(self.own_home).startswith(".home-bench-"):
+            shutil.rmtree(self.own_home, ignore_errors=True)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return Path(self.log_path).read_text(errors="replace")[-chars:]
+        return ""
+
+
+class Topology:
+    """A set of services started together (in parallel: they do not wait on each other; the
+    composed gateway only connects to its dependencies on the first call)."""
+
+    def __init__(self, name: str, services: dict[str, Proc], entry: str, shared: frozenset[str] = frozenset()) -> None:
+        self.name = name
+        self.services = services
+        self.entry = entry
+        self.shared = shared  # services owned (started, stopped) by another topology; scraped here too
+
+    def own(self) -> list[Proc]:
+        return [s for k, s in self.services.items() if k not in self.shared]
+
+    @property
+    def url(self) -> str:
+        return self.services[self.entry].url + "/predict"
+
+    def start(self, wait_s: float = 150.0) -> "Topology":
+        try:
+            for s in self.own():
+                s.launch()
+            for s in self.own():
+                s.wait_ready(wait_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        threads = [threading.Thread(target=s.stop) for s in self.own()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        return {k: s.cpu_seconds() for k, s in self.services.items()}
+
+    def memory(self) -> dict[str, dict[str, float]]:
+        return {k: s.memory() for k, s in self.services.items()}
+
+
+def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None,
+             feature: Proc | None = None) -> Topology:
+    """Gateway + FeatureRunner + GraphSAGERunner. A given ``model`` or ``feature`` is shared with
+    (and owned by) another topology: a second gateway tries another configuration of one runner."""
+    shared = frozenset(k for k, v in (("model", model), ("feature", feature)) if v is not None)
+    if feature is None:
+        feature = Proc(APP, "FeatureRunner", home, env, log_dir, label=f"{name}-feature")
+    if model is None:
+        model = Proc(APP, "GraphSAGERunner", home, env, log_dir, label=f"{name}-model")
+    gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway",
+                   depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url})
+    return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
+
+
+def trivial_app(home: str, log_dir: str) -> Topology:
+    feature = Proc(TRIVIAL, "TrivialFeature", home, {}, log_dir, label="b1-feature")
+    model = Proc(TRIVIAL, "TrivialModel", home, {}, log_dir, label="b1-model")
+    gateway = Proc(TRIVIAL, "TrivialGateway", home, {}, log_dir, label="b1-gateway",
+                   depends={"TrivialFeature": feature.url, "TrivialModel": model.url})
+    return Topology("B1", {"feature": feature, "model": model, "gateway": gateway}, "gateway")
+
+
+def trivial_single(home: str, log_dir: str) -> Topology:
+    return Topology("B2", {"single": Proc(TRIVIAL_SINGLE, "TrivialSingle", home, {}, log_dir, label="b2-single")},
+                    "single")

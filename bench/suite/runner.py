@@ -1,0 +1,596 @@
+"""The scenarios, in order, bounded in time. See ``bench/suite/__init__.py`` and docs/performance.md."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.suite import loadgen, procs, promtext
+from bench.suite.workload import bodies, make_dist
+from tests.redis_servers import RedisServer, raw_command, redis_available
+
+HOME_100K = "/tmp/gsage-bench-home"
+HOME_1M = "/tmp/gsage-bench-home-1m"
+FEATURE_DIM = 128
+ROW_BYTES = FEATURE_DIM * 4
+STAGES = ("sample", "l1", "l2", "origin", "assemble")
+
+
+class Budget:
+    """Per-mode durations (seconds) and request caps."""
+
+    def __init__(self, quick: bool, scale: float = 1.0) -> None:
+        self.quick = quick
+        self.cold = 3.0 if quick else 8.0
+        self.warmup = 5.0 if quick else 20.0
+        self.single = 4.0 if quick else 10.0
+        self.short = 3.0 if quick else 8.0
+        self.bulk = 3.0 if quick else 8.0
+        self.open = 4.0 if quick else 8.0
+        self.profile = 4.0 if quick else 10.0
+        self.inproc = 1.0 if quick else 3.0
+        self.total = 175.0 if quick else 700.0  # soft: optional scenarios are skipped past it
+        self.max_requests = 50_000
+        for k in ("cold", "warmup", "single", "short", "bulk", "open", "inproc"):
+            setattr(self, k, getattr(self, k) * scale)
+        self.profile = max(3.0, self.profile * scale)
+
+
+def run_cmd(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=procs.CODE_DIR, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ensure_store(home: str, args: list[str], log) -> dict:
+    """A demo store in ``home`` (reused when a graphsage model is already there)."""
+    marker = os.path.join(home, "suite-demo.json")
+    if os.path.exists(marker) and os.path.isdir(os.path.join(home, "models", "graphsage")):
+        with open(marker) as f:
+            return json.load(f)
+    os.makedirs(home, exist_ok=True)
+    existing = os.path.join(home, "demo.json")
+    if os.path.exists(existing) and os.path.isdir(os.path.join(home, "models", "graphsage")):
+        with open(existing) as f:
+            info = json.load(f)
+    else:
+        log(f"building the demo store in {home}: python -m training_export demo {' '.join(args)} ...")
+        t = time.perf_counter()
+        out = run_cmd([sys.executable, "-m", "training_export", "demo", *args],
+                      {"BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"training_export demo failed:\n{out.stderr[-3000:]}")
+        info = json.loads(out.stdout)
+        info["build_seconds"] = round(time.perf_counter() - t, 1)
+    with open(marker, "w") as f:
+        json.dump(info, f)
+    return info
+
+
+def snapshot_counts(home: str) -> tuple[int, int]:
+    out = run_cmd([sys.executable, "-c", "import bentoml,json;m=bentoml.models.get('graph-snapshot:latest');"
+                   "print(json.dumps([m.info.metadata['num_nodes'], m.info.metadata['num_edges']]))"],
+                  {"BENTOML_HOME": home}, timeout=120)
+    n, e = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(n), int(e)
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.b = Budget(args.quick, args.scale)
+        self.out = os.path.abspath(args.out)
+        self.logs = os.path.join(self.out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.t0 = time.perf_counter()
+        self.me = psutil.Process()
+        self.results: dict[str, Any] = {
+            "config": {"quick": args.quick, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                                       "platform": platform.platform()},
+                       "loadavg_start": os.getloadavg(),
+                       "started_at": time.strftime("%Y-%m-%d %H:%M %Z")},
+            "scenarios": [], "baselines": {}, "memory": {}, "profiles": {}, "skipped": [], "phases": {},
+        }
+        self.topologies: list[procs.Topology] = []
+        self.redis: RedisServer | None = None
+        self.all_procs: list[procs.Proc] = []
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
+
+    def over_budget(self, what: str) -> bool:
+        if self.elapsed() > self.b.total:
+            self.log(f"SKIP {what}: past the {self.b.total:.0f} s budget")
+            self.results["skipped"].append(what)
+            return True
+        return False
+
+    def scrape_all(self, topo: procs.Topology) -> dict[str, dict]:
+        out = {}
+        for name, svc in topo.services.items():
+            try:
+                out[name] = promtext.scrape(svc.url)
+            except httpx.HTTPError:
+                out[name] = {"hist": {}, "counter": {}}
+        return out
+
+    def load(self, name: str, topo: procs.Topology, *, dist: str = "zipf", nodes: int = 1, concurrency: int = 1,
+             rate: float = 0.0, duration: float = 5.0, num_nodes: int = 100_000, tags: dict | None = None,
+             record: bool = True, seed: int = 0) -> dict:
+        pool = bodies(make_dist(dist, num_nodes, seed), nodes, 4000 if nodes <= 8 else (400 if nodes <= 256 else 100))
+        before = self.scrape_all(topo)
+        info0 = self.cache_info(topo)
+        cpu0 = topo.cpu_seconds()
+        me0 = sum(self.me.cpu_times()[:2])
+        load0 = os.getloadavg()[0]
+        timeout = 30.0 if nodes >= 256 else 10.0
+        if rate > 0:
+            res = asyncio.run(loadgen.open_loop(topo.url, pool, rate, duration, self.b.max_requests, timeout, nodes))
+        else:
+            res = asyncio.run(loadgen.closed_loop(topo.url, pool, concurrency, duration, self.b.max_requests, timeout,
+                                                  nodes, warmup_requests=min(concurrency, 8)))
+        cpu1 = topo.cpu_seconds()
+        me1 = sum(self.me.cpu_times()[:2])
+        after = self.scrape_all(topo)
+        info1 = self.cache_info(topo)
+        s = res.summary()
+        row: dict[str, Any] = {"name": name, "topology": topo.name, "dist": dist, **(tags or {}), **s,
+                               "cdf": res.cdf(),
+                               "cpu_util": {k: (cpu1[k] - cpu0.get(k, 0.0)) / res.elapsed_s for k in cpu1},
+                               "loadavg_1m": load0}
+        row["cpu_util"]["loadgen"] = (me1 - me0) / res.elapsed_s
+        row["stages"] = self.stages(before, after)
+        row["hit_ratio"] = self.hit_ratio(before.get("feature"), after.get("feature"))
+        row["cache_counters"] = cache_diff(info0, info1)
+        if self.redis is not None and row.get("redis") == "on":
+            row["redis_keys_after"] = redis_memory(self.redis).get("keys")
+        l2 = row["cache_counters"].get("l2", {})
+        l2_bad = {k: l2[k] for k in ("errors", "skipped", "writes_dropped") if l2.get(k)}
+        err = f" errors {s['errors']}" if s["error_count"] else ""
+        if l2_bad:
+            err += f" L2 {l2_bad}"
+        deg = f" degraded {s['degraded']}" if s["degraded"] else ""
+        hr = row["hit_ratio"]
+        hit = f" hit L1+L2 {hr['combined']:.1%}" if hr else ""
+        what = f"c={concurrency}" if rate <= 0 else f"rate={rate:.0f}/s"
+        self.log(f"{name:<34} {what:<10} {s['ok']:>6} ok  p50 {s.get('p50_ms', float('nan')):7.2f}  "
+                 f"p99 {s.get('p99_ms', float('nan')):7.2f} ms  {s['req_per_s']:7.1f} req/s "
+                 f"{s['nodes_per_s']:9,.0f} nodes/s{hit}{err}{deg}")
+        if record:
+            self.results["scenarios"].append(row)
+        return row
+
+    @staticmethod
+    def cache_info(topo: procs.Topology) -> dict:
+        """The FeatureRunner's own cache counters per level (its ``info`` API)."""
+        svc = topo.services.get("feature")
+        if svc is None or topo.name.startswith("B"):
+            return {}
+        try:
+            return httpx.post(svc.url + "/info", json={}, timeout=5).json().get("cache", {})
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    @staticmethod
+    def stages(before: dict, after: dict) -> dict[str, Any]:
+        """Per-stage histogram diffs from the services' own /metrics."""
+        out: dict[str, Any] = {}
+        d = promtext.diff
+        if "gateway" in after:
+            g0, g1 = before["gateway"], after["gateway"]
+            out["gateway_core"] = d(g0, g1, "gateway_request_seconds")
+            out["gateway_server"] = d(g0, g1, "bentoml_service_request_duration_seconds", endpoint="/predict")
+        if "single" in after:
+            out["gateway_server"] = d(before["single"], after["single"], "bentoml_service_request_duration_seconds",
+                                      endpoint="/predict")
+        if "feature" in after:
+            f0, f1 = before["feature"], after["feature"]
+            out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/features")
+            for st in STAGES:
+                out[f"feature_{st}"] = d(f0, f1, "feature_stage_seconds", stage=st)
+            out["feature_batch_targets"] = d(f0, f1, "feature_batch_targets")
+            out["feature_bytes"] = d(f0, f1, "feature_response_bytes")
+        if "model" in after:
+            m0, m1 = before["model"], after["model"]
+            out["model_server"] = d(m0, m1, "bentoml_service_request_duration_seconds", endpoint="/infer")
+            out["model_queue"] = d(m0, m1, "graphsage_queue_seconds")
+            out["model_compute"] = d(m0, m1, "graphsage_compute_seconds")
+            out["model_batch_targets"] = d(m0, m1, "graphsage_batch_targets")
+        return {k: v for k, v in out.items() if v is not None}
+
+    @staticmethod
+    def hit_ratio(before: dict | None, after: dict | None) -> dict | None:
+        if not before or not after:
+            return None
+        c = {lv: promtext.counter_diff(before, after, "feature_lookups_total", level=lv) for lv in ("l1", "l2", "origin")}
+        total = sum(c.values())
+        if total <= 0:
+            return None
+        return {"lookups": int(total), "l1": c["l1"] / total, "l2": c["l2"] / total, "origin": c["origin"] / total,
+                "combined": (c["l1"] + c["l2"]) / total}
+
+    def start(self, *topos: procs.Topology) -> None:
+        t = time.perf_counter()
+        names = ", ".join(tp.name for tp in topos)
+        self.log(f"starting {names} ({sum(len(tp.services) for tp in topos)} services, separate processes) ...")
+        for tp in topos:
+            for s in tp.own():
+                s.launch()
+                self.all_procs.append(s)
+            self.topologies.append(tp)
+        for tp in topos:
+            for s in tp.own():
+                s.wait_ready(180)
+        # First call through each entry point: the gateway's dependency clients connect lazily.
+        for tp in topos:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(tp.url, json={"node_ids": [0]}, timeout=30)
+        self.log(f"started {names} in {time.perf_counter() - t:.1f} s")
+
+    def stop(self, *topos: procs.Topology) -> None:
+        for tp in topos:
+            tp.stop()
+            if tp in self.topologies:
+                self.topologies.remove(tp)
+
+    def profile(self, topo: procs.Topology, service: str, seconds: float, load_kw: dict, key: str = "") -> dict | None:
+        """py-spy (sampling, non-blocking) on one service's processes while ``load_kw`` runs."""
+        spy = shutil.which("py-spy")
+        if spy is None:
+            self.log("py-spy not installed: no profile (pip install py-spy)")
+            return None
+        svc = topo.services[service]
+        raw = os.path.join(self.out, f"profile-{key or topo.name + '-' + service}.txt")
+        cmd = [spy, "record", "--pid", str(svc.proc.pid), "--subprocesses", "--nonblocking", "--full-filenames", "-r", "100",
+               "-d", str(int(seconds)), "-f", "raw", "-o", raw]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # py-spy attaches
+        row = self.load(f"{load_kw.pop('name')} (profiled)", topo, duration=seconds - 1.5, record=False, **load_kw)
+        try:
+            _, err = p.communicate(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        if p.returncode != 0 or not os.path.exists(raw):
+            self.log(f"py-spy failed ({p.returncode}): {err[-500:]}")
+            return None
+        summary = summarise_profile(raw, seconds)
+        summary.update(scenario=row["name"], req_per_s=row["req_per_s"], p99_ms=row.get("p99_ms"),
+                       cpu_util=row["cpu_util"], raw=os.path.basename(raw))
+        self.log(f"profile of {topo.name}/{service}: busy {summary['busy_fraction']:.0%} of wall time; top: " +
+                 ", ".join(f"{k} {v:.0%}" for k, v in list(summary["by_component"].items())[:5]))
+        return summary
+
+    # -- phases -----------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        a, b = self.args, self.b
+        self.log(f"bench suite ({'quick' if a.quick else 'full'}), load average {os.getloadavg()}")
+        self.code_dir = tempfile.mkdtemp(prefix="gsage-suite-code-")
+        code = procs.snapshot_code(self.code_dir, a.code)
+        self.results["config"]["code"] = code
+        self.log(f"code under test: {a.code} snapshot of {code['git_head'][:10]} ({code['git_head_subject'][:60]})"
+                 + (f", uncommitted: {', '.join(code['uncommitted_in_code'])}" if code["uncommitted_in_code"] else "")
+                 + (f", ignoring uncommitted: {', '.join(code['uncommitted_ignored'])}"
+                    if code["uncommitted_ignored"] else ""))
+        info = ensure_store(HOME_100K, [], self.log)
+        n100k, e100k = snapshot_counts(HOME_100K)
+        self.results["config"]["store_100k"] = {"home": HOME_100K, "nodes": n100k, "edges": e100k,
+                                                "graphsage": info.get("graphsage")}
+        if not redis_available():
+            raise SystemExit("redis-server is not installed: the suite needs it for L2")
+        redis = self.redis = RedisServer(os.path.join(self.logs, "redis")).start()
+        try:
+            self.phase_100k(redis, n100k)
+            self.phase_inproc()
+            if not a.quick and not a.skip_1m:
+                self.phase_1m(redis)
+            else:
+                self.results["skipped"].append("1M/10M graph (--quick)" if a.quick else "1M/10M graph (--skip-1m)")
+        finally:
+            for tp in list(self.topologies):
+                tp.stop()
+            with contextlib.suppress(Exception):
+                redis.stop()
+        self.results["config"]["loadavg_end"] = os.getloadavg()
+        shutil.rmtree(self.code_dir, ignore_errors=True)
+        self.results["worker_restarts"] = worker_restarts(self.all_procs)
+        if self.results["worker_restarts"]:
+            self.log(f"WARNING: service workers restarted during the run: {self.results['worker_restarts']}")
+        self.results["elapsed_s"] = round(self.elapsed(), 1)
+        return self.results
+
+    def app_env(self, redis_url: str, num_nodes: int) -> dict[str, str]:
+        l1 = num_nodes * ROW_BYTES // 10  # 10% of the feature bytes (as bench/bench_features.py)
+        return {"GSAGE_REDIS_URL": redis_url, "GSAGE_L1_BYTES": str(l1), "GSAGE_GRPC_PORT": "0",
+                "GSAGE_AUTH_ENABLED": "0", "GSAGE_RATE_LIMIT_PER_S": "0"}
+
+    def phase_100k(self, redis: RedisServer, n: int) -> None:
+        a, b = self.args, self.b
+        t_phase = self.elapsed()
+        env_r = self.app_env(redis.url, n)
+        self.results["config"]["app_env"] = env_r
+        app_r = procs.real_app("app", HOME_100K, env_r, self.logs)
+        app_n = procs.real_app("app-noredis", HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs,
+                               model=app_r.services["model"])
+        b1 = procs.trivial_app(HOME_100K, self.logs)
+        b2 = procs.trivial_single(HOME_100K, self.logs)
+        topos = [app_r, app_n, b1, b2]
+        app_d = None
+        if not a.quick:  # what-if: the model runner's batching window, the other way from its default
+            out = run_cmd([sys.executable, "-c", "from runners.config import Settings;"
+                           "print(Settings().max_batch_delay_ms)"], timeout=60)
+            default = float(out.stdout.strip() or 0)
+            alt = 2.0 if default == 0 else 0.0
+            self.results["config"]["batch_delay_ms"] = {"default": default, "what_if": alt}
+            app_d = procs.real_app(f"app-delay{alt:g}", HOME_100K, {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"},
+                                   self.logs, feature=app_r.services["feature"])
+            topos.append(app_d)
+        self.start(*topos)
+        g = {"graph": "100k/1M"}
+        R = {**g, "redis": "on", "cache": "warm"}
+        N = {**g, "redis": "off", "cache": "warm"}
+
+        # Cold: fresh L1, empty Redis (the start-up call above touched a single node).
+        self.log("-- cold caches")
+        self.load("cold zipf c=1 (redis)", app_r, duration=b.cold, tags={**R, "cache": "cold", "group": "cold"},
+                  seed=11)
+        self.load("cold zipf c=1 (no redis)", app_n, duration=b.cold, tags={**N, "cache": "cold", "group": "cold"},
+                  seed=11)
+        self.log("-- warming up (zipf bulk 64 c=2, then single c=8), not recorded")
+        self.load("warm-up bulk (redis)", app_r, nodes=64, concurrency=2, duration=b.warmup * 0.6, record=False,
+                  seed=22)
+        self.load("warm-up single (redis)", app_r, concurrency=8, duration=b.warmup * 0.4, record=False, seed=21)
+        self.load("warm-up (no redis)", app_n, concurrency=8, duration=b.warmup * 0.4, record=False, seed=21)
+
+        self.log("-- warm, Redis on (L1 at 10% of the features)")
+        single = {}
+        for c in (1, 8, 32):
+            single[c] = self.load(f"single zipf c={c}", app_r, concurrency=c,
+                                  duration=b.single if c in (1, 32) else b.short, tags={**R, "group": "single"})
+        self.load("single uniform c=1", app_r, dist="uniform", duration=b.short, tags={**R, "group": "uniform"})
+        self.load("single uniform c=32", app_r, dist="uniform", concurrency=32, duration=b.short,
+                  tags={**R, "group": "uniform"})
+        rates = [0.5] if a.quick else [0.5, 0.8]
+        for frac in rates:
+            rate = max(10.0, round(single[32]["req_per_s"] * frac, -1))
+            self.load(f"open loop {int(frac * 100)}% of c=32 max", app_r, rate=rate, duration=b.open,
+                      tags={**R, "group": "open"})
+
+        if app_d is not None:
+            alt = self.results["config"]["batch_delay_ms"]["what_if"]
+            self.log(f"-- what-if: GSAGE_MAX_BATCH_DELAY_MS={alt:g} (same FeatureRunner, own model runner + gateway)")
+            for c in (1, 32):
+                self.load(f"single zipf c={c} (batch delay {alt:g} ms)", app_d, concurrency=c, duration=b.short,
+                          tags={**R, "group": "batch-delay"})
+
+        self.log("-- baselines B1 (trivial 3 services) and B2 (trivial single service)")
+        for c in (1, 8, 32):
+            self.load(f"B1 single c={c}", b1, concurrency=c, duration=b.short, tags={**g, "group": "B1"})
+        self.load("B1 bulk 256 c=1", b1, nodes=256, duration=b.short, tags={**g, "group": "B1"})
+        for c in (1, 8, 32):
+            self.load(f"B2 single c={c}", b2, concurrency=c, duration=b.short, tags={**g, "group": "B2"})
+
+        self.log("-- warm, Redis off (L1 10%, misses read the memory-mapped snapshot)")
+        self.load("single zipf c=1 (no redis)", app_n, duration=b.short, tags={**N, "group": "noredis"})
+        self.load("single zipf c=32 (no redis)", app_n, concurrency=32, duration=b.short, tags={**N, "group": "noredis"})
+        self.load("single uniform c=1 (no redis)", app_n, dist="uniform", duration=b.short,
+                  tags={**N, "group": "noredis"})
+        self.load("bulk 256 zipf c=1 (no redis)", app_n, nodes=256, duration=b.bulk, tags={**N, "group": "noredis"})
+
+        # The warmest Zipf window (T4), before the bulk scenarios: their big L2 reads can trip the
+        # L2 circuit (read deadline GSAGE_L2_TIMEOUT_S), which skips Redis for a while afterwards.
+        self.load("single zipf c=1 (end of phase)", app_r, duration=b.short, tags={**R, "group": "single"}, seed=5)
+        profile = not a.no_profile and not self.over_budget("profiles")
+        if profile:
+            self.log("-- profiles under load (py-spy, non-blocking)")
+            prof = self.profile(app_r, "gateway", b.profile, {"name": "single zipf c=32", "concurrency": 32},
+                                "gateway_c32")
+            if prof:
+                self.results["profiles"]["gateway_c32"] = prof
+            if not a.quick:
+                prof = self.profile(app_r, "feature", b.profile, {"name": "single zipf c=32", "concurrency": 32},
+                                    "feature_c32")
+                if prof:
+                    self.results["profiles"]["feature_c32"] = prof
+
+        self.log("-- bulk requests, Redis on")
+        for nodes in (64, 256, 1024):
+            self.load(f"bulk {nodes} zipf c=1", app_r, nodes=nodes, duration=b.bulk, tags={**R, "group": "bulk"})
+        self.load("bulk 256 zipf c=4", app_r, nodes=256, concurrency=4, duration=b.bulk, tags={**R, "group": "bulk"})
+        if profile and not a.quick:
+            prof = self.profile(app_r, "gateway", b.profile, {"name": "bulk 256 zipf c=4", "nodes": 256,
+                                                              "concurrency": 4}, "gateway_bulk256")
+            if prof:
+                self.results["profiles"]["gateway_bulk256"] = prof
+
+        mem = app_r.memory()
+        mem["redis"] = redis_memory(redis)
+        self.results["memory"]["100k/1M"] = mem
+        self.log("memory (RSS MiB): " + ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in mem.items()))
+        self.stop(*topos[::-1])
+        self.results["phases"]["100k"] = round(self.elapsed() - t_phase, 1)
+
+    def phase_inproc(self) -> None:
+        t = self.elapsed()
+        self.log("-- baselines B3 (project sampler + ONNX Runtime in-process) and B4 (PyG in-process)")
+        out = run_cmd([sys.executable, "-m", "bench.suite.inproc", "--budget", str(self.b.inproc), "--sizes", "1,256"],
+                      {"BENTOML_HOME": HOME_100K, "BENTOML_DO_NOT_TRACK": "true"}, timeout=300)
+        if out.returncode != 0:
+            self.log(f"in-process baselines failed:\n{out.stderr[-2000:]}")
+            return
+        for line in out.stderr.splitlines():
+            if line.strip().startswith("in-process"):
+                self.log(line.strip())
+        self.results["baselines"]["inproc"] = json.loads(out.stdout)
+        self.results["phases"]["inproc"] = round(self.elapsed() - t, 1)
+
+    def phase_1m(self, redis: RedisServer) -> None:
+        b = self.b
+        t_phase = self.elapsed()
+        info = ensure_store(HOME_1M, ["--nodes", "1000000", "--edges", "10000000", "--epochs", "1",
+                                      "--max-train-nodes", "20000"], self.log)
+        n, e = snapshot_counts(HOME_1M)
+        self.results["config"]["store_1m"] = {"home": HOME_1M, "nodes": n, "edges": e,
+                                              "graphsage": info.get("graphsage"),
+                                              "build_seconds": info.get("build_seconds", info.get("total_seconds"))}
+        with contextlib.suppress(OSError):
+            raw_command(redis.port, "FLUSHALL")
+        app = procs.real_app("app-1m", HOME_1M, self.app_env(redis.url, n), self.logs)
+        self.start(app)
+        tags = {"graph": "1M/10M", "redis": "on", "cache": "warm", "group": "1m"}
+        self.load("1M cold zipf c=1", app, duration=b.cold, num_nodes=n, tags={**tags, "cache": "cold"}, seed=11)
+        self.load("1M warm-up", app, concurrency=8, duration=b.warmup, num_nodes=n, record=False, seed=21)
+        self.load("1M single zipf c=1", app, duration=b.single, num_nodes=n, tags=tags)
+        self.load("1M single zipf c=32", app, concurrency=32, duration=b.single, num_nodes=n, tags=tags)
+        self.load("1M single uniform c=1", app, dist="uniform", duration=b.short, num_nodes=n, tags=tags)
+        self.load("1M bulk 256 zipf c=1", app, nodes=256, duration=b.bulk, num_nodes=n, tags=tags)
+        self.load("1M single zipf c=1 (end of phase)", app, duration=b.short, num_nodes=n, tags=tags, seed=5)
+        mem = app.memory()
+        mem["redis"] = redis_memory(redis)
+        self.results["memory"]["1M/10M"] = mem
+        self.log("memory (RSS MiB): " + ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in mem.items()))
+        self.stop(app)
+        self.results["phases"]["1m"] = round(self.elapsed() - t_phase, 1)
+
+
+def worker_restarts(services: list[procs.Proc]) -> dict[str, list[str]]:
+    """Workers that (re)started more than once, with the times they were stopped, from the logs
+    (an arbiter restarts a worker that died or was signalled: errors and cold caches follow)."""
+    out = {}
+    for svc in services:
+        with contextlib.suppress(OSError):
+            lines = open(svc.log_path, errors="replace").read().splitlines()
+            inits = [ln for ln in lines if "] Service " in ln and ln.rstrip().endswith(" initialized")]
+            stops = [ln[:19] for ln in lines if "cleanup finalized" in ln]
+            if len(inits) > 1:
+                out[svc.label] = stops[: len(inits) - 1]
+    return out
+
+
+def cache_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    gauges = {"entries", "bytes", "capacity_bytes", "inflight_writes", "circuit_open"}
+    out: dict[str, dict[str, int]] = {}
+    for level, now in after.items():
+        was = before.get(level, {})
+        out[level] = {k: (v if k in gauges else v - was.get(k, 0)) for k, v in now.items() if isinstance(v, (int, float))}
+    return out
+
+
+def redis_memory(redis: RedisServer) -> dict[str, float]:
+    try:
+        info = redis.info("memory")
+        keys = redis.dbsize()
+    except OSError:
+        return {}
+    return {"rss_mib": int(info.get("used_memory_rss", 0)) / 2**20,
+            "used_mib": int(info.get("used_memory", 0)) / 2**20, "keys": keys, "processes": 1}
+
+
+COMPONENTS = (  # (component, substrings of a frame's file path); first match wins, deepest frame first
+    ("project: services/", ("/services/",)),
+    ("project: runners/", ("/runners/",)),
+    ("pydantic", ("pydantic",)),
+    ("aiohttp (client to runners)", ("aiohttp",)),
+    ("uvicorn/h11/httptools (server)", ("uvicorn", "h11", "httptools")),
+    ("starlette", ("starlette",)),
+    ("opentelemetry", ("opentelemetry",)),
+    ("prometheus_client", ("prometheus_client",)),
+    ("bentoml", ("bentoml", "_bentoml_impl", "_bentoml_sdk")),
+    ("numpy", ("numpy",)),
+    ("onnxruntime", ("onnxruntime",)),
+    ("redis", ("/redis/",)),
+    ("json", ("/json/",)),
+    ("asyncio event loop", ("asyncio", "selectors")),
+    ("logging", ("/logging/",)),
+)
+
+
+def summarise_profile(path: str, seconds: float, rate: int = 100) -> dict[str, Any]:
+    """py-spy raw (collapsed) stacks -> busy fraction, self time by component (the deepest frame
+    in a known package), top leaf functions, and inclusive time of selected functions."""
+    leaf: Counter[str] = Counter()
+    comp: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    pids: set[str] = set()
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack:
+                continue
+            n = int(count)
+            total += n
+            frames = stack.split(";")
+            if frames and frames[0].startswith("process"):
+                pids.add(frames[0])
+            # frames look like "func (path/file.py:line)"
+            leaf[frames[-1].split(":")[0] if frames else "?"] += n
+            for fr in reversed(frames):
+                hit = next((name for name, keys in COMPONENTS if any(k in fr for k in keys)), None)
+                if hit:
+                    comp[hit] += n
+                    break
+            else:
+                comp["other (C / interpreter)"] += n
+            seen = set()
+            for fr in frames:
+                fn = fr.split(" (")[0]
+                if fn in seen:
+                    continue
+                seen.add(fn)
+                incl[fn] += n
+    wall_samples = seconds * rate
+    return {"samples": total, "busy_fraction": total / max(wall_samples, 1),
+            "processes": len(pids) or 1,
+            "by_component": {k: v / max(total, 1) for k, v in comp.most_common()},
+            "top_leaf": [[k, v / max(total, 1)] for k, v in leaf.most_common(12)],
+            "top_inclusive": [[k, v / max(total, 1)] for k, v in incl.most_common(40)]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="short scenarios, no 1M graph (~3 min)")
+    p.add_argument("--out", default=None,
+                   help="results directory (JSON, plots, report.md, logs); default bench/results, "
+                        "bench/results/quick with --quick")
+    p.add_argument("--skip-1m", action="store_true", help="full run without the 1M/10M graph")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
+                   help="copy the report to docs/performance.md (default: full runs only)")
+    p.add_argument("--code", choices=("worktree", "head"), default="worktree",
+                   help="run the services from a snapshot of the working tree taken at start (default) or of HEAD")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every load duration (development smoke runs)")
+    a = p.parse_args(argv)
+    a.out = a.out or ("bench/results/quick" if a.quick else "bench/results")
+    if a.docs is None:
+        a.docs = not a.quick
+    suite = Suite(a)
+    results = suite.run()
+    name = "suite_quick.json" if a.quick else "suite.json"
+    path = os.path.join(suite.out, name)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=float)
+    suite.log(f"wrote {path}")
+    from bench.suite import report
+
+    md = report.write(results, suite.out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if a.docs else None)
+    suite.log(f"wrote {md} (+ plots) in {suite.elapsed():.0f} s")

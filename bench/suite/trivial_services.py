@@ -1,0 +1,77 @@
+"""Baselines B1 and B2: BentoML services that do no work.
+
+B1: ``TrivialGateway`` composes ``TrivialFeature`` and ``TrivialModel`` with ``bentoml.depends``,
+exactly the topology of the real app (async API, ``await dep.to_async.method(...)``, a bytes blob
+feature -> model, the same ``runner_connection`` workaround as ``runners.config.RUNNER_CONNECTION``
+and the same runner logging config where the project has one, started split: one process per
+service). The answer has the same shape as ``/predict``'s (one
+entry per node), so the gateway pays comparable JSON costs; the runners only echo a few bytes.
+
+B2: ``TrivialSingle``: one service, the same request and answer, nothing behind it.
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+
+import bentoml
+
+from runners import config
+
+RUNNER_CONNECTION = config.RUNNER_CONNECTION
+# The app's runners' per-hop service config (e.g. access log off on internal hops), mirrored so
+# that B1 differs from the app by the work only.
+RUNNER_EXTRA = {"logging": config.RUNNER_LOGGING} if hasattr(config, "RUNNER_LOGGING") else {}
+TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
+
+
+@bentoml.service(name="TrivialFeature", workers=1, traffic=TRAFFIC, runner_connection=RUNNER_CONNECTION, **RUNNER_EXTRA)
+class TrivialFeature:
+    def __init__(self) -> None:
+        gc.freeze()
+
+    @bentoml.api
+    async def features(self, node_ids: list[int]) -> bytes:
+        return struct.pack("<I", len(node_ids))
+
+
+@bentoml.service(name="TrivialModel", workers=1, traffic=TRAFFIC, runner_connection=RUNNER_CONNECTION, **RUNNER_EXTRA)
+class TrivialModel:
+    def __init__(self) -> None:
+        gc.freeze()
+
+    @bentoml.api
+    async def infer(self, tensor: bytes) -> bytes:
+        return tensor
+
+
+def _answer(node_ids: list[int]) -> dict:
+    return {"model": "trivial", "degraded": False,
+            "predictions": [{"node_id": n, "label": 0, "score": 1.0} for n in node_ids]}
+
+
+@bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC)
+class TrivialGateway:
+    feature = bentoml.depends(TrivialFeature)
+    model = bentoml.depends(TrivialModel)
+
+    def __init__(self) -> None:
+        gc.freeze()
+
+    @bentoml.api(route="/predict")
+    async def predict(self, node_ids: list[int]) -> dict:
+        blob = await self.feature.to_async.features(node_ids=node_ids)
+        out = await self.model.to_async.infer(tensor=blob)
+        assert struct.unpack("<I", out)[0] == len(node_ids)
+        return _answer(node_ids)
+
+
+@bentoml.service(name="TrivialSingle", workers=1, traffic=TRAFFIC)
+class TrivialSingle:
+    def __init__(self) -> None:
+        gc.freeze()
+
+    @bentoml.api(route="/predict")
+    async def predict(self, node_ids: list[int]) -> dict:
+        return _answer(node_ids)
