@@ -23,6 +23,13 @@ RUNNER_CONNECTION = {"max_requests": 1_000_000_000, "max_age": 1e9}
 RUNNER_LOGGING = {"access": {"enabled": False}}
 
 
+def tracing_config() -> dict:
+    """BentoML wraps every service in OpenTelemetry's ASGI middleware; with no exporter it still
+    built a span per request, 28% of the gateway's CPU samples under load (bench.suite, py-spy).
+    Unless ``GSAGE_TRACING`` is on, every URL is excluded, which makes the middleware a pass-through."""
+    return {} if settings().tracing else {"excluded_urls": [".*"]}
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     # Model store tags the runners load.
@@ -56,6 +63,9 @@ class Settings:
     # 0: a batch takes what queued while the previous one ran (no wait at low load). Measured:
     # 2 ms cost 2.5 ms of P50 at concurrency 1 and gained nothing at 32 (bench.suite).
     max_batch_delay_ms: float = 0.0
+
+    # Observability.
+    tracing: bool = False  # BentoML's OpenTelemetry spans; configure an exporter when on
 
     # Gateway.
     access_log: bool = True

@@ -16,7 +16,7 @@ import numpy as np
 
 from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
-from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings
+from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings, tracing_config
 from runners.feature_tensor import FeatureTensor, encode
 from runners.metrics import feature_metrics
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
@@ -31,6 +31,7 @@ log = logging.getLogger("graphsage.feature")
     traffic={"timeout": 30, "max_concurrency": 1024},
     runner_connection=RUNNER_CONNECTION,
     logging=RUNNER_LOGGING,
+    tracing=tracing_config(),
 )
 class FeatureRunner:
     def __init__(self) -> None:

@@ -26,6 +26,10 @@ import numpy as np
 
 from runners import wire
 
+# The model input contract this layout implies; stored with every exported model and checked at
+# load, so a model exported for another layout is refused instead of failing inside a batch.
+LAYOUT = "levels-v1"
+
 
 class FeatureTensorError(ValueError):
     """A FeatureTensor that is malformed or inconsistent."""

@@ -21,7 +21,7 @@ import bentoml
 
 from runners import wire
 from runners.batching import AdaptiveBatcher, BatchStats
-from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings
+from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings, tracing_config
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
@@ -35,6 +35,7 @@ log = logging.getLogger("graphsage.model")
     traffic={"timeout": 30, "max_concurrency": 1024},
     runner_connection=RUNNER_CONNECTION,
     logging=RUNNER_LOGGING,
+    tracing=tracing_config(),
 )
 class GraphSAGERunner:
     def __init__(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from runners.backends import Backend, load_backend
-from runners.feature_tensor import FeatureTensor
+from runners.feature_tensor import LAYOUT, FeatureTensor
 from runners.model_artifacts import ModelArtifacts, load_artifacts
 
 
@@ -68,6 +68,10 @@ class ModelRegistry:
                 artifacts = load_artifacts(tag)
             except Exception as exc:  # bentoml raises NotFound / BentoMLException
                 raise UnknownVersion(f"model {tag!r} is not in the model store") from exc
+            layout = artifacts.metadata.get("input_layout")
+            if layout != LAYOUT:
+                raise UnknownVersion(f"model {artifacts.tag} was exported for input layout {layout!r}, this runner "
+                                     f"serves {LAYOUT!r}: re-export it (python -m training_export train)")
             if artifacts.tag not in self._models:
                 backend = load_backend(artifacts, self.backend_kind, self.threads)
                 self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())

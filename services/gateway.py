@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from runners.config import settings
+from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
 from services.breaker import CircuitBreaker
@@ -54,6 +54,7 @@ admin_app = Starlette()
     http={"port": 3000},
     traffic={"timeout": 30, "max_concurrency": 2048},
     logging={"access": {"enabled": settings().access_log}},
+    tracing=tracing_config(),
 )
 @bentoml.asgi_app(admin_app, path="/")
 class Gateway:

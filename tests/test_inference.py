@@ -323,3 +323,17 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
     for n, tag, result in answers:
         assert result["model"] == tag
         np.testing.assert_allclose(result["logits"], expected[(n, tag)], atol=1e-5)
+
+
+def test_a_model_exported_for_another_input_layout_is_refused(model_store, monkeypatch):
+    import dataclasses
+
+    import runners.inference as inference
+    from runners.model_artifacts import load_artifacts
+
+    tag = save("mean")
+    assert ModelRegistry("onnx").load(tag).artifacts.metadata["input_layout"] == "levels-v1"
+    old = dataclasses.replace(load_artifacts(tag), metadata={"aggregator": "mean"})  # before the layout existed
+    monkeypatch.setattr(inference, "load_artifacts", lambda _: old)
+    with pytest.raises(UnknownVersion, match="re-export"):
+        ModelRegistry("onnx").load(tag)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from runners.dense_model import DenseGraphSAGE
-from runners.feature_tensor import compact
+from runners.feature_tensor import LAYOUT, compact
 from runners.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, STATE_DICT_FILE, TENSORRT_DIR
 from runners.model_config import ModelConfig
 from runners.sampling import sample_tree
@@ -106,7 +106,7 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
     meta = {"config": cfg.to_dict(), "aggregator": cfg.aggregator, "fanout": list(cfg.fanout),
             "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes, "task": cfg.task,
             "graph_snapshot": snapshot_tag, "metrics": metrics, "parity": parity,
-            "tensorrt_engines": {}}
+            "tensorrt_engines": {}, "input_layout": LAYOUT}
     with bentoml.models.create(
         MODEL_NAME,
         labels={"aggregator": cfg.aggregator, "task": cfg.task, **(labels or {})},
