@@ -36,7 +36,7 @@ parity: install
 # Vulnerability audit of the installed packages; needs the PyPI JSON API or api.osv.dev.
 audit: install
 	$(PY) -m pip install -q pip-audit
-	$(VENV)/bin/pip-audit --progress-spinner off
+	$(VENV)/bin/pip-audit --progress-spinner off --skip-editable
 
 # 10 minutes of steady load: errors, P99 drift, memory growth (docs/reliability.md).
 soak: install
