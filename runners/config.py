@@ -14,13 +14,19 @@ from typing import Any, get_type_hints
 
 ENV_PREFIX = "GSAGE_"
 
-# Service config of every dependency (read by the *caller's* client): the bentoml.depends client
-# recycles its aiohttp session every 100 requests and closes it under in-flight requests
-# (~20% HTTP 500 at concurrency 32); these limits keep one session alive.
-RUNNER_CONNECTION = {"max_requests": 1_000_000_000, "max_age": 1e9}
-# Runners serve internal hops only: the gateway's access log, metrics and traces cover a request,
-# and an access-log line per hop costs CPU on every call.
-RUNNER_LOGGING = {"access": {"enabled": False}}
+def runner_service_options(workers: int) -> dict:
+    """BentoML service config shared by both runners (separately scaled, internal hops only)."""
+    return {
+        "workers": workers,
+        "traffic": {"timeout": 30, "max_concurrency": 1024},
+        # Read by the *caller's* client: the bentoml.depends client recycles its aiohttp session
+        # every 100 requests and closes it under in-flight requests (~20% HTTP 500 at concurrency
+        # 32); these limits keep one session alive.
+        "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9},
+        # The gateway's access log, metrics and traces cover a request; a log line per hop costs CPU.
+        "logging": {"access": {"enabled": False}},
+        "tracing": tracing_config(),
+    }
 
 
 def tracing_config() -> dict:

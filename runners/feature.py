@@ -16,7 +16,7 @@ import numpy as np
 
 from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
-from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings, tracing_config
+from runners.config import runner_service_options, settings
 from runners.feature_tensor import FeatureTensor, encode
 from runners.metrics import feature_metrics
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
@@ -25,14 +25,7 @@ from runners.snapshot import load_snapshot
 log = logging.getLogger("graphsage.feature")
 
 
-@bentoml.service(
-    name="FeatureRunner",
-    workers=settings().feature_workers,
-    traffic={"timeout": 30, "max_concurrency": 1024},
-    runner_connection=RUNNER_CONNECTION,
-    logging=RUNNER_LOGGING,
-    tracing=tracing_config(),
-)
+@bentoml.service(name="FeatureRunner", **runner_service_options(settings().feature_workers))
 class FeatureRunner:
     def __init__(self) -> None:
         cfg = settings()

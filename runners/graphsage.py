@@ -21,7 +21,7 @@ import bentoml
 
 from runners import wire
 from runners.batching import AdaptiveBatcher, BatchStats
-from runners.config import RUNNER_CONNECTION, RUNNER_LOGGING, settings, tracing_config
+from runners.config import runner_service_options, settings
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
@@ -29,14 +29,7 @@ from runners.metrics import model_metrics
 log = logging.getLogger("graphsage.model")
 
 
-@bentoml.service(
-    name="GraphSAGERunner",
-    workers=settings().model_workers,
-    traffic={"timeout": 30, "max_concurrency": 1024},
-    runner_connection=RUNNER_CONNECTION,
-    logging=RUNNER_LOGGING,
-    tracing=tracing_config(),
-)
+@bentoml.service(name="GraphSAGERunner", **runner_service_options(settings().model_workers))
 class GraphSAGERunner:
     def __init__(self) -> None:
         cfg = settings()

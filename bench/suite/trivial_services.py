@@ -2,9 +2,9 @@
 
 B1: ``TrivialGateway`` composes ``TrivialFeature`` and ``TrivialModel`` with ``bentoml.depends``,
 exactly the topology of the real app (async API, ``await dep.to_async.method(...)``, a bytes blob
-feature -> model, the same ``runner_connection`` workaround as ``runners.config.RUNNER_CONNECTION``
-and the same runner logging config where the project has one, started split: one process per
-service). The answer has the same shape as ``/predict``'s (one
+feature -> model, the runners' service options of the app (``runners.config.runner_service_options``:
+the ``runner_connection`` workaround, no access log, tracing as configured), started split: one
+process per service). The answer has the same shape as ``/predict``'s (one
 entry per node), so the gateway pays comparable JSON costs; the runners only echo a few bytes.
 
 B2: ``TrivialSingle``: one service, the same request and answer, nothing behind it.
@@ -19,14 +19,12 @@ import bentoml
 
 from runners import config
 
-RUNNER_CONNECTION = config.RUNNER_CONNECTION
-# The app's runners' per-hop service config (e.g. access log off on internal hops), mirrored so
-# that B1 differs from the app by the work only.
-RUNNER_EXTRA = {"logging": config.RUNNER_LOGGING} if hasattr(config, "RUNNER_LOGGING") else {}
+# The app's runners' service options, so that B1 differs from the app by the work only.
+RUNNER_OPTIONS = config.runner_service_options(workers=1)
 TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
 
 
-@bentoml.service(name="TrivialFeature", workers=1, traffic=TRAFFIC, runner_connection=RUNNER_CONNECTION, **RUNNER_EXTRA)
+@bentoml.service(name="TrivialFeature", **RUNNER_OPTIONS)
 class TrivialFeature:
     def __init__(self) -> None:
         gc.freeze()
@@ -36,7 +34,7 @@ class TrivialFeature:
         return struct.pack("<I", len(node_ids))
 
 
-@bentoml.service(name="TrivialModel", workers=1, traffic=TRAFFIC, runner_connection=RUNNER_CONNECTION, **RUNNER_EXTRA)
+@bentoml.service(name="TrivialModel", **RUNNER_OPTIONS)
 class TrivialModel:
     def __init__(self) -> None:
         gc.freeze()
@@ -51,7 +49,7 @@ def _answer(node_ids: list[int]) -> dict:
             "predictions": [{"node_id": n, "label": 0, "score": 1.0} for n in node_ids]}
 
 
-@bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC)
+@bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC, tracing=config.tracing_config())
 class TrivialGateway:
     feature = bentoml.depends(TrivialFeature)
     model = bentoml.depends(TrivialModel)
@@ -67,7 +65,7 @@ class TrivialGateway:
         return _answer(node_ids)
 
 
-@bentoml.service(name="TrivialSingle", workers=1, traffic=TRAFFIC)
+@bentoml.service(name="TrivialSingle", workers=1, traffic=TRAFFIC, tracing=config.tracing_config())
 class TrivialSingle:
     def __init__(self) -> None:
         gc.freeze()
