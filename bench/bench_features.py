@@ -49,6 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.suite.workload import Zipf  # noqa: E402
 from runners.cache.tiered import build_feature_store  # noqa: E402
 from runners.config import Settings  # noqa: E402
 from runners.feature_tensor import compact, encode, padded_nbytes  # noqa: E402
@@ -59,20 +60,6 @@ from training_export.synthetic import SyntheticGraphSpec, generate  # noqa: E402
 
 FANOUT = (25, 10)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "feature_bench.json")
-
-
-class Zipf:
-    """Node ids with P(rank r) ~ 1/r, rank -> node through a random permutation."""
-
-    def __init__(self, num_nodes: int, seed: int = 0, exponent: float = 1.0) -> None:
-        self.rng = np.random.default_rng(seed)
-        weights = 1.0 / np.arange(1, num_nodes + 1, dtype=np.float64) ** exponent
-        self.cdf = np.cumsum(weights) / weights.sum()
-        self.perm = self.rng.permutation(num_nodes).astype(np.int64)
-
-    def draw(self, n: int) -> np.ndarray:
-        ranks = np.minimum(np.searchsorted(self.cdf, self.rng.random(n), side="right"), self.cdf.size - 1)
-        return self.perm[ranks]
 
 
 def pct(seconds: list[float] | np.ndarray) -> dict[str, float]:

@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.suite.workload import time_calls  # noqa: E402
+
 import torch  # noqa: E402
 
 from runners import wire  # noqa: E402
@@ -60,20 +62,6 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "m
 
 def pct(seconds: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(seconds), q) * 1e3)
-
-
-def time_calls(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 5000) -> list[float]:
-    """Call ``fn`` on the inputs round-robin (1 warm-up each) until the budget is spent."""
-    for x in inputs[:2]:
-        fn(x)
-    out: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(out) < max_calls and (len(out) < min_calls or time.perf_counter() < deadline):
-        x = inputs[len(out) % len(inputs)]
-        t = time.perf_counter()
-        fn(x)
-        out.append(time.perf_counter() - t)
-    return out
 
 
 class FixedRegistry:
@@ -136,9 +124,9 @@ def bench_forward(args, g, model, artifacts) -> dict[str, Any]:
                        float(np.abs(dense.run(prepared[0][0], prepared[0][1])[0] - ref).max()))
             budget, min_calls = args.budget, 3 if b >= 256 else 10
             runs = {
-                "onnx": time_calls(lambda p: onnx.run(p[0], p[1]), prepared, budget, min_calls),
-                "torch": time_calls(lambda p: dense.run(p[0], p[1]), prepared, budget, min_calls),
-                "pyg": time_calls(lambda p: model(*p[2]), prepared, budget, min_calls),
+                "onnx": time_calls(lambda p: onnx.run(p[0], p[1]), prepared, budget, min_calls, warmup=2),
+                "torch": time_calls(lambda p: dense.run(p[0], p[1]), prepared, budget, min_calls, warmup=2),
+                "pyg": time_calls(lambda p: model(*p[2]), prepared, budget, min_calls, warmup=2),
             }
         row: dict[str, Any] = {
             "unique_rows_mean": float(np.mean([p[0].shape[0] for p in prepared])),

@@ -24,17 +24,11 @@ import time
 
 import numpy as np
 
+from bench.suite.workload import time_calls
 
-def _timed(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 20_000) -> np.ndarray:
-    fn(inputs[0])  # warm-up
-    out: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(out) < max_calls and (len(out) < min_calls or time.perf_counter() < deadline):
-        x = inputs[len(out) % len(inputs)]
-        t = time.perf_counter()
-        fn(x)
-        out.append(time.perf_counter() - t)
-    return np.asarray(out)
+
+def _timed(fn, inputs: list, budget_s: float, min_calls: int) -> np.ndarray:
+    return np.asarray(time_calls(fn, inputs, budget_s, min_calls, max_calls=20_000))
 
 
 def _stats(secs: np.ndarray, nodes: int) -> dict:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
 
 class Zipf:
     """Node ids with P(rank r) ~ 1/r^s, rank -> node through a random permutation (hot nodes
-    are not simply low ids). Same construction as bench/bench_features.py."""
+    are not simply low ids). Shared by the suite and bench/bench_features.py."""
 
     def __init__(self, num_nodes: int, seed: int = 0, exponent: float = 1.0) -> None:
         self.rng = np.random.default_rng(seed)
@@ -43,3 +44,19 @@ def bodies(dist, nodes_per_request: int, count: int) -> list[bytes]:
     """``count`` JSON bodies for ``POST /predict`` (the load loop cycles through them)."""
     ids = dist.draw(nodes_per_request * count).reshape(count, nodes_per_request)
     return [json.dumps({"node_ids": row.tolist()}).encode() for row in ids]
+
+
+def time_calls(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 5000,
+               warmup: int = 1) -> list[float]:
+    """Seconds per call of ``fn`` over ``inputs`` round-robin (``warmup`` untimed calls first),
+    at least ``min_calls``, then until the budget is spent."""
+    for x in inputs[:warmup]:
+        fn(x)
+    out: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(out) < max_calls and (len(out) < min_calls or time.perf_counter() < deadline):
+        x = inputs[len(out) % len(inputs)]
+        t = time.perf_counter()
+        fn(x)
+        out.append(time.perf_counter() - t)
+    return out
