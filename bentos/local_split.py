@@ -122,11 +122,9 @@ def _alive(p: Proc) -> psutil.Process | None:
         return None
 
 
-def stop_proc(p: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
-    """Signal the arbiter and every worker (their own sessions), then SIGKILL what is left."""
-    root = _alive(p)
-    if root is None:
-        return
+def stop_process_tree(root: psutil.Process, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+    """Signal a BentoML arbiter and every worker (workers run in sessions of their own, so a
+    process-group kill leaves them serving), then SIGKILL what is left."""
     try:
         tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -139,6 +137,12 @@ def stop_proc(p: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> No
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=5)
+
+
+def stop_proc(p: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+    root = _alive(p)
+    if root is not None:
+        stop_process_tree(root, sig, timeout_s)
 
 
 class SplitDeployment:

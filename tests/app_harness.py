@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bentos.local_split import stop_process_tree
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "services.gateway:Gateway"
 START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
@@ -96,22 +98,10 @@ class Service:
         raise TimeoutError(f"{self.name} not ready after {wait_s}s:\n{self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
-        """Signal the arbiter and every worker: BentoML's workers run in sessions of their own,
-        so a process-group kill would leave them serving."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
-            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        for p in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.send_signal(sig)
-        _, alive = psutil.wait_procs(tree, timeout=timeout_s)
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        psutil.wait_procs(alive, timeout=5)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stop_process_tree(psutil.Process(self.proc.pid), sig, timeout_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
 
