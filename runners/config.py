@@ -53,6 +53,9 @@ class Settings:
     redis_url: str = ""
     l2_ttl_s: int = 3600
     l2_timeout_s: float = 0.05
+    # A read's deadline grows with its key count: a bulk request's ~7k-key MGET took 25-50 ms
+    # under load and timed out at a flat 50 ms, opening the circuit for everyone (bench.suite).
+    l2_timeout_per_key_us: float = 5.0
     l2_retry_backoff_s: float = 1.0
     warm_nodes: int = 0
     feature_transport_dtype: str = "float32"
@@ -69,6 +72,8 @@ class Settings:
     # 0: a batch takes what queued while the previous one ran (no wait at low load). Measured:
     # 2 ms cost 2.5 ms of P50 at concurrency 1 and gained nothing at 32 (bench.suite).
     max_batch_delay_ms: float = 0.0
+    # Batches up to this many targets run on the event loop, larger ones in the forward thread.
+    inline_forward_max_targets: int = 16
 
     # Observability.
     tracing: bool = False  # BentoML's OpenTelemetry spans; configure an exporter when on

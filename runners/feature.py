@@ -21,6 +21,7 @@ from runners.feature_tensor import FeatureTensor, encode
 from runners.metrics import feature_metrics
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.snapshot import load_snapshot
+from runners.wire import BinaryBody
 
 log = logging.getLogger("graphsage.feature")
 
@@ -70,7 +71,7 @@ class FeatureRunner:
 
     @bentoml.api
     async def features(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,
-                       dtype: str = "float32", seeds: list[int] | None = None) -> bytes:
+                       dtype: str = "float32", seeds: list[int] | None = None) -> BinaryBody:
         """Sample and fetch; returns the encoded FeatureTensor (``runners.feature_tensor``).
         ``seeds`` (one per node) lets a caller merge requests that carry different seeds."""
         try:

@@ -2,8 +2,10 @@
 
 It receives FeatureTensors and never fetches features. Concurrent requests are merged by an
 adaptive batcher (one batch in flight per worker; a batch holding several versions runs one
-forward pass per version). Forward passes run in one worker thread so the event loop keeps
-accepting requests while ONNX Runtime computes (it releases the GIL).
+forward pass per version). Large forward passes run in one worker thread so the event loop keeps
+accepting requests while ONNX Runtime computes (it releases the GIL); small ones (at most
+``inline_forward_max_targets`` targets, ~1 ms) run on the event loop, where the thread hand-off
+would cost more than it frees.
 
 Why not BentoML's ``batchable=True``: it concatenates one numpy argument by rows, but a
 deduplicated FeatureTensor needs its indices rebased per request and a batch must be split by
@@ -25,6 +27,7 @@ from runners.config import runner_service_options, settings
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
+from runners.wire import BinaryBody
 
 log = logging.getLogger("graphsage.model")
 
@@ -38,6 +41,7 @@ class GraphSAGERunner:
             loaded = self.registry.load(tag)
             log.info("GraphSAGERunner: loaded %s (%s)", loaded.artifacts.tag, loaded.backend.name)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="forward")
+        self._inline_max = cfg.inline_forward_max_targets
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
         self.batcher: AdaptiveBatcher[InferenceItem, dict] = AdaptiveBatcher(
             self._forward, max_batch_size=cfg.max_batch_targets, max_delay_s=cfg.max_batch_delay_ms / 1000,
@@ -46,6 +50,8 @@ class GraphSAGERunner:
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
     async def _forward(self, items: list[InferenceItem]) -> list[dict]:
+        if sum(item.tensor.num_targets for item in items) <= self._inline_max:
+            return run_batch(self.registry, items)
         return await asyncio.get_running_loop().run_in_executor(self._compute, run_batch, self.registry, items)
 
     @staticmethod
@@ -57,13 +63,16 @@ class GraphSAGERunner:
         m.compute.observe(stats.last_batch_compute_s)
 
     async def _load(self, tag: str):
+        loaded = self.registry.get_loaded(tag)
+        if loaded is not None:  # the common case: no hop through the loader thread
+            return loaded
         try:
             return await asyncio.get_running_loop().run_in_executor(self._loader, self.registry.load, tag)
         except UnknownVersion as exc:
             raise bentoml.exceptions.NotFound(str(exc)) from exc
 
     @bentoml.api
-    async def infer(self, tensor: bytes, model: str = "graphsage:latest", embedding: bool = False) -> bytes:
+    async def infer(self, tensor: bytes, model: str = "graphsage:latest", embedding: bool = False) -> BinaryBody:
         """Run ``model`` on an encoded FeatureTensor; returns logits/probs (and embedding) packed
         with ``runners.wire``, meta: the exact model tag, backend and task."""
         try:

@@ -58,11 +58,15 @@ class ModelRegistry:
         self._aliases: dict[str, str] = {}  # e.g. graphsage:latest -> graphsage:<v>
         self._lock = threading.Lock()
 
+    def get_loaded(self, tag: str) -> LoadedModel | None:
+        """The version ``tag`` names if it is loaded already (no I/O), else None."""
+        return self._models.get(self._aliases.get(tag, tag))
+
     def load(self, tag: str) -> LoadedModel:
         """Load a version (idempotent); ``:latest`` resolves to the newest stored version."""
-        resolved = self._aliases.get(tag, tag)
-        if resolved in self._models:
-            return self._models[resolved]
+        loaded = self.get_loaded(tag)
+        if loaded is not None:
+            return loaded
         with self._lock:
             try:
                 artifacts = load_artifacts(tag)

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from bentoml.validators import ContentType
+
+# The return type of a BentoML API that answers with these bytes. The declared media type spares
+# BentoML a pydantic JSON-schema build per response to find one (2% of the model runner's CPU).
+BinaryBody = Annotated[bytes, ContentType("application/octet-stream")]
 
 MAGIC = b"GSW1"
 _ALIGN = 8

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import pytest
 
 from runners.cache import OriginLevel, TieredFeatureStore, build_feature_store
-from runners.cache.l1 import ENTRY_OVERHEAD_BYTES, L1Cache
+from runners.cache.l1 import ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, MAP_BYTES_PER_ID, L1Cache
 from runners.config import Settings
 
 DIM = 4
@@ -38,7 +38,7 @@ def make(entries: int, ttl: float = 60.0, clock=None) -> L1Cache:
 
 def cached_ids(cache: L1Cache) -> list[int]:
     """Ids in LRU order (least recent first), read without touching recency."""
-    return list(cache._index)
+    return cache.ids_by_recency()
 
 
 def test_capacity_is_bytes_over_entry_size():
@@ -48,6 +48,19 @@ def test_capacity_is_bytes_over_entry_size():
     assert L1Cache(ENTRY - 1, 60, DIM).capacity == 0
     # Wider rows, fewer entries for the same bytes.
     assert L1Cache(10 * ENTRY, 60, DIM * 8).capacity < 10
+
+
+def test_dense_id_map_is_charged_when_the_id_range_is_known():
+    budget = 10 * ENTRY + 1000 * MAP_BYTES_PER_ID
+    cache = L1Cache(budget, 60, DIM, num_ids=1000)
+    assert cache.capacity == 10 and cache.map_bytes == 4000
+    ids = np.arange(990, 1000)
+    cache.put_many(ids, rows_for(ids))
+    assert len(cache) == 10 and cache.nbytes == budget
+    with pytest.raises(IndexError):
+        cache.put_many(np.array([1000]), rows_for([1000]))
+    # Lookups outside the range are plain misses.
+    assert cache.get_many(np.array([5, 999, 5000]))[0].tolist() == [False, True, False]
 
 
 def test_byte_bound_never_exceeded_and_lru_evicted_first():
@@ -188,10 +201,14 @@ def test_build_feature_store_without_redis_has_no_l2():
 
 
 class ReferenceLRU:
-    """The obvious, slow model: OrderedDict of id -> (deadline, row)."""
+    """The obvious, slow model: OrderedDict of id -> (deadline, row).
 
-    def __init__(self, capacity: int, ttl: float) -> None:
-        self.capacity, self.ttl, self.d = capacity, ttl, OrderedDict()
+    When a put needs room it evicts the least recent entries, at least ``chunk`` of them but
+    never one this put refreshed (L1Cache's chunked eviction; chunk 1 is textbook LRU).
+    """
+
+    def __init__(self, capacity: int, ttl: float, chunk: int = 1) -> None:
+        self.capacity, self.ttl, self.d, self.chunk = capacity, ttl, OrderedDict(), chunk
 
     def get(self, ids, now):
         out = []
@@ -211,11 +228,13 @@ class ReferenceLRU:
         for i in present:
             self.d[i] = (now + self.ttl, i)
             self.d.move_to_end(i)
-        for i in ids:
-            if i not in present:
-                while len(self.d) >= self.capacity:
-                    self.d.popitem(last=False)
-                self.d[i] = (now + self.ttl, i)
+        new = [i for i in ids if i not in present]
+        short = len(self.d) + len(new) - self.capacity
+        if short > 0:
+            for _ in range(min(max(short, self.chunk), len(self.d) - len(present))):
+                self.d.popitem(last=False)
+        for i in new:
+            self.d[i] = (now + self.ttl, i)
 
 
 ops = st.lists(
@@ -231,9 +250,30 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(capacity=st.integers(0, 9), ops=ops)
 def test_matches_reference_lru(capacity, ops):
-    clock = FakeClock()
-    cache = make(capacity, ttl=4.0, clock=clock)
-    ref = ReferenceLRU(capacity, 4.0)
+    run_against_reference(make(capacity, ttl=4.0, clock=FakeClock()), ops, chunk=1)
+
+
+big_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["get", "put", "put", "tick"]),
+        st.lists(st.integers(0, 400), unique=True, max_size=60),
+        st.floats(0, 3),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(64, 200), ops=big_ops)
+def test_chunked_eviction_matches_reference(capacity, ops):
+    cache = make(capacity, ttl=4.0, clock=FakeClock())
+    assert cache._evict_chunk == capacity // EVICT_FRACTION >= 1
+    run_against_reference(cache, ops, chunk=cache._evict_chunk)
+
+
+def run_against_reference(cache: L1Cache, ops, chunk: int) -> None:
+    clock = cache._clock
+    ref = ReferenceLRU(cache.capacity, 4.0, chunk)
     for op, ids, dt in ops:
         arr = np.array(ids, dtype=np.int64)
         if op == "tick":

@@ -177,7 +177,7 @@ def test_warm_loads_l2_and_hottest_into_l1(redis_standalone):
         entry = L1Cache(1, 1, DIM).entry_bytes
         store = make_store(redis_standalone.url, "warm", feats, l1_bytes=30 * entry)
         assert await store.warm(hot_first, batch_size=32) == 100
-        assert set(store.l1._index) == set(hot_first[:30].tolist())
+        assert set(store.l1.ids_by_recency()) == set(hot_first[:30].tolist())
         fresh = make_store(redis_standalone.url, "warm", feats)
         _, stats = await fresh.fetch_with_stats(hot_first)
         assert stats.l2_hits == 100
@@ -208,8 +208,12 @@ def test_build_feature_store_from_settings(redis_standalone, redis_cluster):
     feats = make_features(11)
     plain = build_feature_store(Settings(), feats, "v1")
     assert plain.l2 is None and plain.l1.max_bytes == Settings().l1_bytes
-    standalone = build_feature_store(Settings(redis_url=redis_standalone.url), feats, "v1")
+    standalone = build_feature_store(Settings(redis_url=redis_standalone.url, l2_timeout_s=0.05,
+                                              l2_timeout_per_key_us=5.0), feats, "v1")
     assert standalone.l2 is not None and not standalone.l2.cluster
+    # The read deadline scales with the keys read: 50 ms + 5 us per key.
+    assert standalone.l2.read_deadline_s(1) == pytest.approx(0.050005)
+    assert standalone.l2.read_deadline_s(7000) == pytest.approx(0.085)
     clustered = build_feature_store(Settings(redis_url=redis_cluster.url), feats, "v1")
     assert clustered.l2 is not None and clustered.l2.cluster
     with pytest.raises(ValueError):

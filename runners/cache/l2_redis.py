@@ -33,7 +33,8 @@ number of round trips; both are kept at one per master:
   pause for 60 s (``use_scripts=False`` turns them off). ``CLUSTERDOWN``/``TRYAGAIN`` are outages,
   not script trouble: they fail the call like a refused connection.
 
-Faults never leave this module: every round trip runs under a deadline (``timeout_s`` for reads,
+Faults never leave this module: every round trip runs under a deadline (``timeout_s`` plus
+``timeout_per_key_s`` per key for reads, so a bulk read is not cut off at a single-node budget;
 ``write_timeout_s`` for writes), redis-py's own retries are off, and any failure (timeout,
 connection refused, ``MOVED`` it could not follow, cluster down) counts one ``error`` and answers
 "all missed". It also opens a circuit: for ``backoff`` seconds (``retry_backoff_s``, doubled per
@@ -133,6 +134,7 @@ class RedisFeatureLevel:
         ttl_s: float,
         timeout_s: float,
         retry_backoff_s: float,
+        timeout_per_key_s: float = 0.0,
         max_backoff_s: float | None = None,
         write_timeout_s: float | None = None,
         max_inflight_writes: int = 64,
@@ -147,6 +149,7 @@ class RedisFeatureLevel:
         self.row_bytes = dim * WIRE_DTYPE.itemsize
         self._ttl_ms = int(ttl_s * 1000) if ttl_s > 0 else None  # None: no expiry
         self.timeout_s = timeout_s
+        self.timeout_per_key_s = timeout_per_key_s
         self.write_timeout_s = write_timeout_s or max(4 * timeout_s, 0.25)
         self.retry_backoff_s = retry_backoff_s
         self.max_backoff_s = max_backoff_s if max_backoff_s is not None else 8 * retry_backoff_s
@@ -211,7 +214,7 @@ class RedisFeatureLevel:
             return all_missed(n, self.dim)
         keys = self._keys(ids)
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.read_deadline_s(n)):
                 values = await self._mget(keys)
         except asyncio.CancelledError:
             self._probing = False  # a cancelled probe must not wedge the circuit half-open
@@ -222,6 +225,9 @@ class RedisFeatureLevel:
             return all_missed(n, self.dim)
         self._on_success()
         return self._decode(values)
+
+    def read_deadline_s(self, n_keys: int) -> float:
+        return self.timeout_s + n_keys * self.timeout_per_key_s
 
     async def _mget(self, keys: list[bytes]) -> list[bytes | None]:
         if not self.cluster:

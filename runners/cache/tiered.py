@@ -158,7 +158,7 @@ def build_feature_store(
 ) -> TieredFeatureStore:
     """L1 + origin always; L2 only when ``settings.redis_url`` is set."""
     origin = OriginLevel(features)
-    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim)
+    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim, num_ids=origin.num_nodes)
     l2 = None
     if settings.redis_url:
         l2 = RedisFeatureLevel.from_url(
@@ -167,6 +167,7 @@ def build_feature_store(
             origin.dim,
             ttl_s=settings.l2_ttl_s,
             timeout_s=settings.l2_timeout_s,
+            timeout_per_key_s=settings.l2_timeout_per_key_us * 1e-6,
             retry_backoff_s=settings.l2_retry_backoff_s,
         )
     return TieredFeatureStore(l1, l2, origin)
