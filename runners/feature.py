@@ -32,7 +32,8 @@ class FeatureRunner:
         cfg = settings()
         self.snapshot = load_snapshot(cfg.snapshot_tag)
         self.store = build_feature_store(cfg, self.snapshot.features, self.snapshot.tag)
-        self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.max_nodes_per_request)
+        self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.max_nodes_per_request,
+                                            cfg.scan_min_targets)
         self.batcher: AdaptiveBatcher[FeatureRequest, FeatureTensor] = AdaptiveBatcher(
             self._build, max_batch_size=max(cfg.max_batch_targets, cfg.max_nodes_per_request),
             size_of=lambda r: int(r.node_ids.size),
@@ -64,6 +65,8 @@ class FeatureRunner:
         m.lookups.labels(level="l2").inc(t.fetch.l2_hits)
         m.lookups.labels(level="origin").inc(t.fetch.origin_hits)
         m.batch_targets.observe(t.targets)
+        if t.fetch.scan:
+            m.scans.inc()
         if self.store.l2 is not None:  # counters live in the level; export the increase
             errors = self.store.l2.errors
             m.l2_errors.inc(errors - self._l2_errors_seen)

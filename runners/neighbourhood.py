@@ -50,8 +50,11 @@ class BatchTimings:
 
 class NeighbourhoodBuilder:
     def __init__(self, snapshot: GraphSnapshot, store: TieredFeatureStore, max_fanout: Sequence[int],
-                 max_nodes: int = 1024) -> None:
+                 max_nodes: int = 1024, scan_min_targets: int = 0) -> None:
+        """``scan_min_targets``: batches with at least this many targets fetch as a scan
+        (``TieredFeatureStore``: L1 and origin only, no cache fill); 0: never."""
         self.snapshot = snapshot
+        self.scan_min_targets = scan_min_targets
         self.store = store
         self.max_fanout = tuple(int(k) for k in max_fanout)
         self.max_nodes = max_nodes
@@ -103,7 +106,9 @@ class NeighbourhoodBuilder:
                 lo = hi
         sampled = time.perf_counter()
         all_ids = np.unique(np.concatenate([layer[layer >= 0] for t in trees for layer in t]))
-        rows, fetch_stats = await self.store.fetch_with_stats(all_ids)
+        n_targets = sum(r.node_ids.size for r in requests)
+        scan = 0 < self.scan_min_targets <= n_targets
+        rows, fetch_stats = await self.store.fetch_with_stats(all_ids, scan=scan)
         fetched = time.perf_counter()
         out = []
         for r, tree in zip(requests, trees):
@@ -111,7 +116,7 @@ class NeighbourhoodBuilder:
             feats = rows[np.searchsorted(all_ids, unique)]
             out.append(FeatureTensor(feats.astype(r.dtype, copy=False), index, self.snapshot.tag))
         self.last = BatchTimings(sampled - started, fetch_stats, time.perf_counter() - fetched,
-                                 sum(r.node_ids.size for r in requests), int(all_ids.size))
+                                 n_targets, int(all_ids.size))
         return out
 
 

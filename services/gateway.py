@@ -69,7 +69,7 @@ class Gateway:
         self.core = PredictionCore(
             self.routing,
             # Resolved per call: the dependency clients connect only once the worker has started.
-            lambda **kw: self.feature_runner.to_async.features(**kw),
+            lambda **kw: self.feature_runner.to_async.features(dtype=cfg.feature_transport_dtype, **kw),
             lambda **kw: self.model_runner.to_async.infer(**kw),
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),

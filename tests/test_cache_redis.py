@@ -85,6 +85,30 @@ def test_write_back_on_miss_then_fresh_l1_hits_l2(redis_url):
     asyncio.run(main())
 
 
+def test_a_scan_reads_l1_then_origin_and_fills_nothing(redis_standalone):
+    feats = make_features(4)
+    ids = np.random.default_rng(5).permutation(N)[:300]
+
+    async def main():
+        store = make_store(redis_standalone.url, "scan", feats, l1_bytes=1 << 20)
+        await store.fetch_with_stats(ids[:100])  # normal: origin, L1 fill, write-back
+        await store.flush()
+        mgets = calls(redis_standalone, "mget")
+        rows, stats = await store.fetch_with_stats(ids, scan=True)
+        np.testing.assert_array_equal(rows, feats[ids])
+        assert stats.scan and (stats.l1_hits, stats.l2_hits, stats.origin_hits) == (100, 0, 200)
+        assert stats.l2_s == 0.0
+        await store.flush()
+        assert calls(redis_standalone, "mget") == mgets  # Redis not read...
+        assert store.l2.stats()["writes"] == 100  # ...nor written
+        assert len(store.l1) == 100  # and L1 kept what it had, nothing more
+        _, stats = await store.fetch_with_stats(ids[100:110])
+        assert not stats.scan and stats.l2_s > 0  # the normal path is unchanged
+        await store.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("use_scripts", [True, False])
 def test_values_round_trip_bit_exact(redis_url, use_scripts):
     feats = make_features(3)

@@ -64,6 +64,7 @@ def admin(app, env, body) -> httpx.Response:
 def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarray:
     import onnxruntime as ort
 
+    from runners.config import Settings
     from runners.feature_tensor import compact
     from runners.model_artifacts import load_artifacts
     from runners.sampling import sample_tree
@@ -74,7 +75,9 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarra
         tree = sample_tree(snap.indptr, snap.indices, np.array(node_ids), art.config.fanout, seed=seed)
         unique, index = compact(tree)
         sess = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
-        feed = {"features": np.asarray(snap.features[unique]), **{f"idx{d}": i for d, i in enumerate(index)}}
+        # Rows rounded as the gateway's transport dtype rounds them (float16 by default).
+        rows = np.asarray(snap.features[unique]).astype(Settings().feature_transport_dtype).astype(np.float32)
+        feed = {"features": rows, **{f"idx{d}": i for d, i in enumerate(index)}}
         return sess.run(["probs"], feed)[0]
 
 

@@ -104,6 +104,24 @@ def test_served_outputs_equal_pyg_per_aggregator_and_backend(model_store, aggreg
         np.testing.assert_allclose(out["embedding"], want_embedding, atol=TOL)
 
 
+def test_float16_transport_keeps_predictions(model_store):
+    """The gateway's default transport (GSAGE_FEATURE_TRANSPORT_DTYPE=float16) halves the bytes;
+    the answers may move by rounding only, and the class only where float32 itself is a near tie."""
+    g = small_graph()
+    tag = save("mean")
+    ft32, _ = feature_tensor(parity_targets(g, 200, seed=5), seed=4)
+    ft16 = decode(encode(FeatureTensor(ft32.features.astype(np.float16), ft32.index, ft32.snapshot)))
+    assert ft16.features.dtype == np.float16 and ft16.features.nbytes * 2 == ft32.features.nbytes
+    registry = ModelRegistry("onnx")
+    (p32,) = run_batch(registry, [InferenceItem(tag, ft32)])
+    (p16,) = run_batch(registry, [InferenceItem(tag, ft16)])
+    diff = np.abs(p32["probs"] - p16["probs"]).max()
+    assert 0 < diff <= 5e-3, diff  # > 0: the float16 rows really were rounded
+    top2 = np.sort(p32["probs"], axis=1)[:, -2:]
+    flipped = p32["probs"].argmax(1) != p16["probs"].argmax(1)
+    assert np.all(top2[flipped, 1] - top2[flipped, 0] <= 2 * diff)
+
+
 @pytest.mark.parametrize("aggregator", ["mean", "lstm"])
 def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
     """Different sizes, an item sampled with a smaller fanout (padded up to the model's), and

@@ -27,9 +27,9 @@ def graph():
     return small_graph()
 
 
-def make_builder(graph, **settings) -> NeighbourhoodBuilder:
+def make_builder(graph, scan_min_targets: int = 0, **settings) -> NeighbourhoodBuilder:
     store = build_feature_store(Settings(**settings), graph.features, "graph-snapshot:test")
-    return NeighbourhoodBuilder(graph, store, MAX_FANOUT, max_nodes=MAX_NODES)
+    return NeighbourhoodBuilder(graph, store, MAX_FANOUT, max_nodes=MAX_NODES, scan_min_targets=scan_min_targets)
 
 
 @pytest.fixture
@@ -303,6 +303,17 @@ def test_l1_disabled_gives_the_same_tensors(graph):
     for a, b in zip(build(warm, reqs), build(cold, reqs)):
         assert_same_tensor(a, b)
     assert cold.last.fetch.l1_hits == 0 and cold.last.fetch.origin_hits == cold.last.distinct_nodes
+
+
+def test_batches_from_scan_min_targets_on_are_scans_with_the_same_tensors(graph):
+    scanning, plain = make_builder(graph, scan_min_targets=8), make_builder(graph)
+    small = [scanning.validate([1, 2, 3], seed=4)]
+    big = [scanning.validate(list(range(10, 15)), seed=5), scanning.validate([7, 8, 9], seed=6)]  # 8 targets
+    for reqs, is_scan in ((small, False), (big, True)):
+        for a, b in zip(build(scanning, reqs), build(plain, reqs)):
+            assert_same_tensor(a, b)
+        assert scanning.last.fetch.scan is is_scan and not plain.last.fetch.scan
+    assert len(scanning.store.l1) < len(plain.store.l1)  # the scan filled no cache
 
 
 # --- determinism -------------------------------------------------------------------------------

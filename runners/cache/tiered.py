@@ -7,6 +7,11 @@
 3. What L2 missed is gathered from the origin; those rows go into L1 and are written back to L2
    by a background task, so the request never waits for a cache write.
 
+A *scan* (``fetch_with_stats(ids, scan=True)``: the builder's bulk batches) reads L1 and then
+the origin, and writes nothing back: a 256-target batch touches ~7k distinct rows, which would
+evict most of L1 and cost a multi-thousand-key MGET (~25 ms under load vs ~3 ms from the
+memory-mapped snapshot, bench.suite), for rows the latency path mostly never asks for again.
+
 A level that fails (Redis down) just misses; origin always answers, so ``fetch`` raises only for
 ids outside ``[0, num_nodes)``. Each call reports its stage timings and per-level hit counts as
 a ``FetchStats`` (``fetch_with_stats``; ``last_stats`` keeps the most recent one for callers
@@ -44,6 +49,7 @@ class FetchStats:
     l1_s: float = 0.0
     l2_s: float = 0.0
     origin_s: float = 0.0
+    scan: bool = False
 
 
 class TieredFeatureStore:
@@ -68,7 +74,7 @@ class TieredFeatureStore:
         rows, _ = await self.fetch_with_stats(ids)
         return rows
 
-    async def fetch_with_stats(self, ids: np.ndarray) -> tuple[np.ndarray, FetchStats]:
+    async def fetch_with_stats(self, ids: np.ndarray, scan: bool = False) -> tuple[np.ndarray, FetchStats]:
         ids = as_ids(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
             raise IndexError(f"node ids must be in [0, {self.num_nodes})")
@@ -82,7 +88,7 @@ class TieredFeatureStore:
         t1 = time.perf_counter()
 
         l2_hits, l2_fill_s = 0, 0.0
-        asked_l2 = bool(miss.size) and self.l2 is not None
+        asked_l2 = bool(miss.size) and self.l2 is not None and not scan
         if asked_l2:
             found, rows = await self.l2.get(ids[miss])
             if rows.shape[0]:
@@ -101,11 +107,12 @@ class TieredFeatureStore:
             cold = ids[miss]
             rows = self.origin.get_many(cold)
             out[miss] = rows
-            tf = time.perf_counter()
-            self.l1.put_many(cold, rows)
-            origin_fill_s = time.perf_counter() - tf
-            if self.l2 is not None:
-                self.l2.put_background(cold, rows)
+            if not scan:
+                tf = time.perf_counter()
+                self.l1.put_many(cold, rows)
+                origin_fill_s = time.perf_counter() - tf
+                if self.l2 is not None:
+                    self.l2.put_background(cold, rows)
         t3 = time.perf_counter()
 
         stats = FetchStats(
@@ -116,6 +123,7 @@ class TieredFeatureStore:
             l1_s=(t1 - t0) + l2_fill_s + origin_fill_s,
             l2_s=(t2 - t1) - l2_fill_s if asked_l2 else 0.0,
             origin_s=(t3 - t2) - origin_fill_s if asked_origin else 0.0,
+            scan=scan,
         )
         self.last_stats = stats
         return out, stats
