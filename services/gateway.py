@@ -19,12 +19,13 @@ import bentoml
 from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
+from services.answer import Answer
 from services.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
@@ -105,7 +106,7 @@ class Gateway:
             self._next_reload = now + 1.0
             self.routing.reload_if_changed()
 
-    async def run_predict(self, req: PredictRequest) -> PredictResponse:
+    async def run_predict(self, req: PredictRequest) -> Answer:
         """The one prediction path, for HTTP and gRPC alike; raises ApiError."""
         self.reload_routing()
         if len(req.node_ids) > self.settings.max_nodes_per_request:
@@ -138,9 +139,11 @@ class Gateway:
         """Per-node predictions for ``node_ids``: label, score, probabilities, the exact
         ``graphsage:<version>`` that answered, and ``degraded`` when features were unavailable."""
         try:
-            return await self.run_predict(PredictRequest(**params))
+            answer = await self.run_predict(PredictRequest(**params))
         except ApiError as exc:
             raise http_error(exc.status, exc.message) from exc
+        # Rendered here, not by BentoML: the declared PredictResponse documents the shape.
+        return Response(answer.to_json(), media_type="application/json")
 
     async def describe_models(self) -> dict[str, Any]:
         self.reload_routing()

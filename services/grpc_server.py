@@ -53,6 +53,7 @@ from services.auth import AuthError, Forbidden
 from services.grpc_codegen import ensure_stubs
 from services.http_guard import MAX_BODY_BYTES, build_access
 from services.prediction import ApiError
+from services.answer import Answer
 from services.protocol import PredictRequest, PredictResponse
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).
@@ -143,21 +144,27 @@ def to_request(msg: Any) -> PredictRequest:
     return PredictRequest(**params)
 
 
-def to_proto(resp: PredictResponse) -> Any:
+def to_proto(resp: Answer | PredictResponse) -> Any:
     out = pb.PredictResponse(model=resp.model, degraded=resp.degraded,
                              degraded_reason=resp.degraded_reason or "")
-    for p in resp.predictions:
-        node = out.predictions.add(node_id=p.node_id, stale=p.stale)
-        if p.label is not None:
-            node.label = p.label
-        if p.labels:
-            node.labels.extend(p.labels)
-        if p.score is not None:
-            node.score = p.score
-        node.probabilities.extend(p.probabilities)
-        if p.embedding:
-            node.embedding.extend(p.embedding)
+    nodes = resp.nodes() if isinstance(resp, Answer) else (p.model_dump() for p in resp.predictions)
+    for p in nodes:
+        node = out.predictions.add(node_id=p["node_id"], stale=p["stale"])
+        if p["label"] is not None:
+            node.label = p["label"]
+        if p["labels"]:
+            node.labels.extend(p["labels"])
+        if p["score"] is not None:
+            node.score = float(p["score"])
+        node.probabilities.extend(_floats(p["probabilities"]))
+        if p["embedding"] is not None and len(p["embedding"]):
+            node.embedding.extend(_floats(p["embedding"]))
     return out
+
+
+def _floats(values: Any) -> list[float]:
+    """numpy rows (an Answer) or lists (a PredictResponse) as the plain floats protobuf takes."""
+    return values.tolist() if hasattr(values, "tolist") else values
 
 
 def _trailers(headers: dict[str, str]) -> list[tuple[str, str]]:

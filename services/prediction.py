@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -22,7 +23,8 @@ from runners import wire
 from runners.batching import AdaptiveBatcher
 from runners.sampling import random_seed
 from services.breaker import BreakerOpen, CircuitBreaker
-from services.protocol import NodePrediction, PredictRequest, PredictResponse
+from services.answer import Answer, from_wire
+from services.protocol import PredictRequest
 
 log = logging.getLogger("graphsage.gateway")
 
@@ -88,45 +90,43 @@ def rejecting_client_errors(fn: Callable[..., Awaitable[bytes]]) -> Callable[...
 
 
 class StaleAnswers:
-    """The last answer per (model tag, node): the degraded response when features are down."""
+    """The last answer per (model tag, node): the degraded response when features are down.
+
+    Rows are kept as numpy views of the answers they came from; a node answered again moves to the
+    young end, the oldest entries leave past ``capacity``."""
 
     def __init__(self, capacity: int = 200_000) -> None:
         self.capacity = capacity
-        self._data: OrderedDict[tuple[str, int], NodePrediction] = OrderedDict()
+        self._data: dict[tuple[str, int], tuple[np.ndarray, np.ndarray | None, bool]] = {}
 
-    def put(self, model: str, predictions: list[NodePrediction]) -> None:
-        for p in predictions:
-            self._data[(model, p.node_id)] = p
-            self._data.move_to_end((model, p.node_id))
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
+    def put(self, tag: str, answer: Answer) -> None:
+        """Keep ``answer``'s rows under ``tag``, the version as routed (what a degraded request
+        resolves to)."""
+        keys = [(tag, n) for n in answer.node_ids]
+        data = self._data
+        for key in keys:  # re-insertion moves a key to the young end of the dict's order
+            data.pop(key, None)
+        emb = answer.embedding if answer.embedding is not None else itertools.repeat(None)
+        data.update(zip(keys, zip(answer.probs, emb, itertools.repeat(answer.multilabel))))
+        for key in list(itertools.islice(iter(data), max(0, len(data) - self.capacity))):
+            del data[key]
 
-    def get(self, model: str, node_id: int) -> NodePrediction | None:
+    def get(self, model: str, node_id: int) -> tuple[np.ndarray, np.ndarray | None, bool] | None:
         return self._data.get((model, node_id))
 
-
-def to_predictions(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[NodePrediction]:
-    """Per-node answers. Built with ``model_construct``: the values come from our own arrays, and
-    validating one pydantic object per node was most of a bulk response's CPU (bench.suite)."""
-    probs = arrays["probs"]
-    emb = arrays.get("embedding")
-    multilabel = meta.get("task") == "multilabel"
-    top = probs.argmax(1).tolist()
-    scores = probs.max(1).tolist()
-    rows = probs.tolist()
-    embeddings = emb.tolist() if emb is not None else [None] * len(node_ids)
-    return [
-        NodePrediction.model_construct(
-            node_id=node,
-            label=None if multilabel else top[i],
-            labels=[j for j, x in enumerate(rows[i]) if x >= 0.5] if multilabel else None,
-            score=scores[i],
-            probabilities=rows[i],
-            embedding=embeddings[i],
-            stale=False,
-        )
-        for i, node in enumerate(node_ids)
-    ]
+    def degraded(self, model: str, node_ids: list[int], reason: str) -> Answer:
+        """Each node's last answer (stale) where there is one; the rest unknown."""
+        cached = [self.get(model, n) for n in node_ids]
+        known = np.array([c is not None for c in cached], dtype=bool)
+        first = next((c for c in cached if c is not None), None)
+        width = first[0].shape[0] if first is not None else 0
+        probs = np.zeros((len(node_ids), width), dtype=np.float32)
+        for i, c in enumerate(cached):
+            if c is not None:
+                probs[i] = c[0]
+        return Answer(model, list(node_ids), probs, multilabel=first[2] if first is not None else False,
+                      embedding=[c[1] if c is not None else None for c in cached], degraded=True,
+                      degraded_reason=reason, known=known, stale=True)
 
 
 @dataclasses.dataclass(eq=False)
@@ -155,7 +155,7 @@ class PredictionCore:
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
         self.stale = stale or StaleAnswers()
-        self.coalescer: AdaptiveBatcher[_Call, PredictResponse | ApiError] = AdaptiveBatcher(
+        self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
             self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
             max_concurrent=max_inflight)
 
@@ -165,14 +165,14 @@ class PredictionCore:
             version = f"{req.model}:{version}"
         return self.router.choose(req.model, version, req.routing_key)
 
-    async def predict(self, req: PredictRequest) -> PredictResponse:
+    async def predict(self, req: PredictRequest) -> Answer:
         call = _Call(req, self.route(req), req.seed if req.seed is not None else random_seed())
         outcome = await self.coalescer.submit(call)
         if isinstance(outcome, ApiError):
             raise outcome
         return outcome
 
-    async def _run_merged(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+    async def _run_merged(self, calls: list[_Call]) -> list[Answer | ApiError]:
         groups: dict[tuple, list[_Call]] = defaultdict(list)
         for call in calls:
             groups[call.group].append(call)
@@ -180,11 +180,11 @@ class PredictionCore:
         by_call = {id(c): a for g, ans in zip(groups.values(), answers) for c, a in zip(g, ans)}
         return [by_call[id(c)] for c in calls]
 
-    async def _one_by_one(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+    async def _one_by_one(self, calls: list[_Call]) -> list[Answer | ApiError]:
         """A runner rejected a merged call: isolate the request(s) at fault."""
         return [a for answers in await asyncio.gather(*(self._run_group([c]) for c in calls)) for a in answers]
 
-    async def _run_group(self, calls: list[_Call]) -> list[PredictResponse | ApiError]:
+    async def _run_group(self, calls: list[_Call]) -> list[Answer | ApiError]:
         first = calls[0]
         node_ids = [n for c in calls for n in c.req.node_ids]
         seeds = [c.seed for c in calls for _ in c.req.node_ids]
@@ -210,25 +210,20 @@ class PredictionCore:
             headers = {"Retry-After": str(max(1, int(np.ceil(retry))))}
             return [ApiError(503, f"model runner unavailable: {_reason(exc)}", headers) for _ in calls]
         meta, arrays = wire.unpack(packed)
-        out: list[PredictResponse | ApiError] = []
+        out: list[Answer | ApiError] = []
         lo = 0
         for c in calls:
             hi = lo + len(c.req.node_ids)
-            predictions = to_predictions(c.req.node_ids, meta, {k: v[lo:hi] for k, v in arrays.items()})
-            self.stale.put(c.tag, predictions)  # keyed as routed: what a degraded request resolves to
-            out.append(PredictResponse.model_construct(model=meta["model"], degraded=False, degraded_reason=None,
-                                                       predictions=predictions))
+            answer = from_wire(c.req.node_ids, meta, {k: v[lo:hi] for k, v in arrays.items()})
+            self.stale.put(c.tag, answer)
+            out.append(answer)
             lo = hi
         return out
 
-    def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> PredictResponse:
+    def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> Answer:
         reason = f"feature runner unavailable: {_reason(exc)}"
         log.warning(reason)
-        out = []
-        for node in req.node_ids:
-            cached = self.stale.get(tag, node)
-            out.append(cached.model_copy(update={"stale": True}) if cached else NodePrediction(node_id=node))
-        return PredictResponse(model=tag, degraded=True, degraded_reason=reason, predictions=out)
+        return self.stale.degraded(tag, req.node_ids, reason)
 
 
 def _reason(exc: BaseException) -> str:

@@ -68,7 +68,7 @@ def test_concurrent_requests_are_merged_without_changing_answers():
         return merged, alone
 
     merged, alone = asyncio.run(run())
-    assert [m.model_dump() for m in merged] == [a.model_dump() for a in alone]
+    assert [m.to_dict() for m in merged] == [a.to_dict() for a in alone]
     assert len(runners.feature_calls) < len(reqs) / 4, runners.feature_calls  # far fewer runner calls
     assert sum(runners.feature_calls) == 80
 
@@ -100,5 +100,7 @@ def test_feature_runner_down_degrades_and_model_runner_down_is_503():
         return degraded, info.value
 
     degraded, error = asyncio.run(run())
-    assert degraded.degraded and degraded.predictions[0].stale and degraded.predictions[1].label is None
+    first, second = degraded.to_response().predictions
+    assert degraded.degraded and first.stale and first.label is not None and second.label is None
+    assert first.probabilities and not second.probabilities and not second.stale
     assert error.status == 503 and error.headers["Retry-After"] == "1"

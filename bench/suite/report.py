@@ -544,7 +544,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
               "caches restart cold): " + "; ".join(f"{k} at {', '.join(v)}" for k, v in res["worker_restarts"].items())]
     L += ["", "## Reproduce", "",
           "```bash",
-          ". .venv/bin/activate && pip install matplotlib py-spy   # py-spy optional (profiles)",
+          ". .venv/bin/activate && pip install -e '.[bench]'   # matplotlib, py-spy (profiles), locust",
           "python -m bench.suite --quick            # ~2.5 min, no 1M graph -> bench/results/quick/",
           "python -m bench.suite                    # ~7.5 min (+~4 min once to build the 1M store) -> bench/results/ + docs/",
           "python -m bench.suite --code worktree    # default: a snapshot of the working tree; --code head: of HEAD",

@@ -1,0 +1,81 @@
+"""A prediction answer kept as columns (the model runner's arrays), rendered once at the edge.
+
+The public shape is ``services.protocol.PredictResponse`` (OpenAPI, gRPC). Building one pydantic
+``NodePrediction`` per node, even with ``model_construct``, was the gateway's largest cost for bulk
+requests (py-spy, bench.suite: ~30% of its CPU at 256 nodes). An ``Answer`` holds
+``probs [n, C]`` (and ``embedding``) as they arrived and renders straight to JSON bytes with orjson,
+to protobuf, or to the pydantic model where a caller wants objects.
+
+Degraded answers carry, per node, either the node's last answer (``stale``) or nothing
+(``known`` False): null label and score, empty probabilities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import orjson
+
+from services.protocol import PredictResponse
+
+MULTILABEL_THRESHOLD = 0.5
+
+
+@dataclasses.dataclass(eq=False)
+class Answer:
+    model: str
+    node_ids: list[int]
+    probs: np.ndarray  # [n, C] float32
+    multilabel: bool = False
+    embedding: np.ndarray | list[np.ndarray | None] | None = None  # [n, H] when asked for; per row when stale
+    degraded: bool = False
+    degraded_reason: str | None = None
+    known: np.ndarray | None = None  # [n] bool; None: every node has an answer
+    stale: bool = False  # the known rows are earlier answers (degraded mode)
+
+    def nodes(self) -> Iterator[dict[str, Any]]:
+        """One dict per node in ``NodePrediction``'s field order; arrays stay numpy rows."""
+        probs, emb = self.probs, self.embedding
+        has_rows = probs.shape[0] > 0 and probs.shape[1] > 0
+        labels = probs.argmax(1).tolist() if has_rows else []
+        scores = probs.max(1) if has_rows else []
+        known = self.known.tolist() if self.known is not None else None
+        for i, node in enumerate(self.node_ids):
+            if known is not None and not known[i]:
+                yield {"node_id": node, "label": None, "labels": None, "score": None, "probabilities": [],
+                       "embedding": None, "stale": False}
+                continue
+            row = probs[i]
+            yield {
+                "node_id": node,
+                "label": None if self.multilabel else labels[i],
+                "labels": np.flatnonzero(row >= MULTILABEL_THRESHOLD).tolist() if self.multilabel else None,
+                "score": scores[i],
+                "probabilities": row,
+                "embedding": emb[i] if emb is not None else None,
+                "stale": self.stale,
+            }
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {"model": self.model, "degraded": self.degraded, "degraded_reason": self.degraded_reason,
+             "predictions": list(self.nodes())},
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values, the same as ``to_response().model_dump()``."""
+        return orjson.loads(self.to_json())
+
+    def to_response(self) -> PredictResponse:
+        return PredictResponse.model_validate_json(self.to_json())
+
+
+def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Answer:
+    """The model runner's answer (``runners.wire`` arrays + meta) for ``node_ids``."""
+    return Answer(meta["model"], node_ids, arrays["probs"], meta.get("task") == "multilabel",
+                  arrays.get("embedding"))
+

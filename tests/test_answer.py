@@ -1,0 +1,74 @@
+"""Answer: the columnar prediction renders exactly the documented PredictResponse shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from services.answer import Answer, from_wire
+from services.prediction import StaleAnswers
+from services.protocol import NodePrediction, PredictResponse
+
+PROBS = np.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1]], dtype=np.float32)
+EMB = np.array([[1.5, -2.0], [0.25, 3.0]], dtype=np.float32)
+
+
+def expected(multilabel: bool, embedding: bool) -> PredictResponse:
+    """What the per-node pydantic path built for the same arrays."""
+    preds = []
+    for node, row, emb in zip([7, 9], PROBS.tolist(), EMB.tolist()):
+        preds.append(NodePrediction(
+            node_id=node,
+            label=None if multilabel else int(np.argmax(row)),
+            labels=[j for j, x in enumerate(row) if x >= 0.5] if multilabel else None,
+            score=max(row), probabilities=row, embedding=emb if embedding else None))
+    return PredictResponse(model="graphsage:v1", predictions=preds)
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+@pytest.mark.parametrize("embedding", [False, True])
+def test_json_matches_the_pydantic_shape(multilabel, embedding):
+    meta = {"model": "graphsage:v1", "task": "multilabel" if multilabel else "multiclass"}
+    arrays = {"probs": PROBS, **({"embedding": EMB} if embedding else {})}
+    answer = from_wire([7, 9], meta, arrays)
+    got = orjson.loads(answer.to_json())
+    want = expected(multilabel, embedding).model_dump()
+    assert list(got) == list(want) and [list(p) for p in got["predictions"]] == [list(p) for p in want["predictions"]]
+    for g, w in zip(got["predictions"], want["predictions"]):
+        for key in ("node_id", "label", "labels", "stale"):
+            assert g[key] == w[key], key
+        assert g["score"] == pytest.approx(w["score"], abs=1e-7)
+        np.testing.assert_allclose(g["probabilities"], w["probabilities"], atol=1e-7)
+        if embedding:
+            np.testing.assert_allclose(g["embedding"], w["embedding"], atol=1e-7)
+        else:
+            assert g["embedding"] is None
+    # And it validates as the public model.
+    assert answer.to_response().predictions[1].node_id == 9
+
+
+def test_degraded_answer_serves_stale_rows_and_nulls():
+    stale = StaleAnswers()
+    stale.put("graphsage:v1", from_wire([7, 9], {"model": "graphsage:v1"}, {"probs": PROBS, "embedding": EMB}))
+    got = orjson.loads(stale.degraded("graphsage:v1", [9, 4], "feature runner unavailable: timeout").to_json())
+    assert got["degraded"] is True and got["degraded_reason"].endswith("timeout")
+    known, unknown = got["predictions"]
+    assert known["node_id"] == 9 and known["stale"] is True and known["label"] == 0
+    np.testing.assert_allclose(known["probabilities"], PROBS[1], atol=1e-7)
+    np.testing.assert_allclose(known["embedding"], EMB[1], atol=1e-7)
+    assert unknown == {"node_id": 4, "label": None, "labels": None, "score": None, "probabilities": [],
+                       "embedding": None, "stale": False}
+    # Nothing cached at all: every node unknown, still well-formed.
+    empty = StaleAnswers().degraded("graphsage:v1", [1, 2], "x").to_response()
+    assert [p.label for p in empty.predictions] == [None, None]
+
+
+def test_stale_store_keeps_the_latest_rows_and_its_capacity():
+    stale = StaleAnswers(capacity=3)
+    stale.put("v", Answer("v", [1, 2, 3], PROBS[[0, 0, 0]]))
+    stale.put("v", Answer("v", [1], PROBS[[1]]))  # 1 answered again: now the youngest
+    stale.put("v", Answer("v", [4], PROBS[[1]]))  # evicts the oldest, 2
+    assert stale.get("v", 2) is None and stale.get("v", 3) is not None
+    np.testing.assert_array_equal(stale.get("v", 1)[0], PROBS[1])
+    assert len(stale._data) == 3
