@@ -6,6 +6,12 @@ time). While batches run, new items wait in the queue; the next batch takes ever
 company unless ``max_delay_s`` asks it to. The batcher does not know
 what it batches: the handler receives a list of items and returns one result per item.
 (After MLServer's ``batching/adaptive.py`` and Ray Serve's ``@serve.batch``.)
+
+Idle fast path: with ``max_delay_s == 0``, an item that finds the queue empty and a slot free is
+a batch of one whatever happens next, so ``submit`` runs the handler in the caller's own task,
+skipping the queue, the collector's wake-up and a task per batch (three event-loop turns; the
+batcher sits in every hop of a request: gateway coalescer, feature runner, model runner).
+The worker takes a slot only once it holds an item, so an idle worker never blocks this path.
 """
 
 from __future__ import annotations
@@ -54,14 +60,30 @@ class AdaptiveBatcher(Generic[T, R]):
         self._running: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> R:
+        if self.max_delay_s <= 0 and self._queue.empty() and not self._slots.locked():
+            return await self._run_alone(item)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run())
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         await self._queue.put((item, future, time.perf_counter()))
         return await future
 
+    async def _run_alone(self, item: T) -> R:
+        await self._slots.acquire()  # free (checked by the caller, no await since): no suspension
+        started = time.perf_counter()
+        try:
+            results = await self.handler([item])
+            if len(results) != 1:
+                raise RuntimeError(f"handler returned {len(results)} results for 1 items")
+        finally:
+            self._slots.release()
+            self._record([(item, None, started)], started)  # type: ignore[list-item]
+        return results[0]
+
     async def _collect(self) -> list[tuple[T, asyncio.Future[R], float]]:
-        batch = [await self._queue.get()]
+        first = await self._queue.get()
+        await self._slots.acquire()  # everything that queued while all slots were busy joins below
+        batch = [first]
         units = self.size_of(batch[0][0])
         deadline = batch[0][2] + self.max_delay_s
         while units < self.max_batch_size:
@@ -93,7 +115,6 @@ class AdaptiveBatcher(Generic[T, R]):
 
     async def _run(self) -> None:
         while True:
-            await self._slots.acquire()
             batch = await self._collect()
             live = [(item, fut, t) for item, fut, t in batch if not fut.cancelled()]
             if not live:

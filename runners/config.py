@@ -57,6 +57,9 @@ class Settings:
     # under load and timed out at a flat 50 ms, opening the circuit for everyone (bench.suite).
     l2_timeout_per_key_us: float = 5.0
     l2_retry_backoff_s: float = 1.0
+    # Write-back of origin misses is coalesced for this long (or until 1024 rows wait): a warm
+    # cache misses a few rows in most requests, one Redis write each cost a round trip of CPU.
+    l2_write_delay_ms: float = 100.0
     warm_nodes: int = 0
     # Feature batches of at least this many targets are scans: L1 + snapshot, no Redis, no cache
     # fill (runners/cache/tiered.py says why). 0 turns it off. Single-node traffic merged at

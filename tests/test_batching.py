@@ -125,12 +125,37 @@ def test_handler_returning_the_wrong_number_of_results_fails_the_batch_clearly()
         async def short(items: list) -> list:
             nonlocal calls
             calls += 1
-            return items[:-1] if calls == 1 else items
+            await asyncio.sleep(0.01)
+            return items[:-1] if calls in (2, 3) else items
 
         batcher = AdaptiveBatcher(short)
-        outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
-        assert all(isinstance(o, RuntimeError) and "2 results for 3 items" in str(o) for o in outcomes), outcomes
+        # 0 finds the batcher idle and runs alone; 1..3 queue behind it and form one batch.
+        outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)), return_exceptions=True)
+        assert outcomes[0] == 0
+        assert all(isinstance(o, RuntimeError) and "2 results for 3 items" in str(o) for o in outcomes[1:]), outcomes
+        with pytest.raises(RuntimeError, match="0 results for 1 items"):  # the idle path checks too
+            await batcher.submit(8)
         assert await batcher.submit(9) == 9
+
+    asyncio.run(main())
+
+
+def test_an_idle_batcher_runs_a_lone_item_in_the_callers_task():
+    async def main():
+        me = asyncio.current_task()
+        seen = []
+
+        async def handler(items: list) -> list:
+            seen.append(asyncio.current_task() is me)
+            return items
+
+        batcher = AdaptiveBatcher(handler)
+        assert await batcher.submit(1) == 1 and await batcher.submit(2) == 2
+        assert seen == [True, True] and batcher._worker is None  # no queue, no worker task
+        assert (batcher.stats.batches, batcher.stats.items, batcher.stats.last_batch_queue_s) == (2, 2, 0.0)
+        # With a batching window the lone item waits for company instead (no fast path).
+        windowed = AdaptiveBatcher(handler, max_delay_s=0.001)
+        assert await windowed.submit(3) == 3 and seen[-1] is False
 
     asyncio.run(main())
 

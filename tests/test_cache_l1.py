@@ -237,14 +237,14 @@ class ReferenceLRU:
             self.d[i] = (now + self.ttl, i)
 
 
-ops = st.lists(
-    st.tuples(
-        st.sampled_from(["get", "put", "tick"]),
-        st.lists(st.integers(0, 30), unique=True, max_size=12),
-        st.floats(0, 3),
-    ),
-    max_size=40,
-)
+def op_lists(kinds: list[str], max_id: int, max_ids: int, max_ops: int):
+    """Sequences of (get | put | tick, unique ids, seconds to advance)."""
+    op = st.tuples(st.sampled_from(kinds), st.lists(st.integers(0, max_id), unique=True, max_size=max_ids),
+                   st.floats(0, 3))
+    return st.lists(op, max_size=max_ops)
+
+
+ops = op_lists(["get", "put", "tick"], max_id=30, max_ids=12, max_ops=40)
 
 
 @settings(max_examples=150, deadline=None)
@@ -253,14 +253,7 @@ def test_matches_reference_lru(capacity, ops):
     run_against_reference(make(capacity, ttl=4.0, clock=FakeClock()), ops, chunk=1)
 
 
-big_ops = st.lists(
-    st.tuples(
-        st.sampled_from(["get", "put", "put", "tick"]),
-        st.lists(st.integers(0, 400), unique=True, max_size=60),
-        st.floats(0, 3),
-    ),
-    max_size=30,
-)
+big_ops = op_lists(["get", "put", "put", "tick"], max_id=400, max_ids=60, max_ops=30)
 
 
 @settings(max_examples=60, deadline=None)

@@ -211,6 +211,31 @@ def test_warm_loads_l2_and_hottest_into_l1(redis_standalone):
     asyncio.run(main())
 
 
+def test_background_writes_are_coalesced(redis_standalone):
+    feats = make_features(12)
+
+    async def main():
+        store = make_store(redis_standalone.url, "coalesce", feats, write_delay_s=0.05, write_batch_rows=25)
+        evals = calls(redis_standalone, "eval")
+        for start in range(0, 20, 5):  # 4 requests' misses, 5 rows each: held, under 25 rows
+            store.l2.put_background(np.arange(start, start + 5), feats[start:start + 5])
+        assert store.l2.stats()["pending_write_rows"] == 20 and store.l2.stats()["inflight_writes"] == 0
+        await asyncio.sleep(0.15)  # the delay passes: one write of all 20 rows
+        await store.flush()
+        assert calls(redis_standalone, "eval") == evals + 1 and store.l2.stats()["writes"] == 20
+        store.l2.put_background(np.arange(20, 50), feats[20:50])  # 30 >= 25 rows: sent at once
+        assert store.l2.stats()["pending_write_rows"] == 0 and store.l2.stats()["inflight_writes"] == 1
+        store.l2.put_background(np.arange(50, 53), feats[50:53])
+        await store.flush()  # sends what waits, no need to sit out the delay
+        assert calls(redis_standalone, "eval") == evals + 3 and store.l2.stats()["writes"] == 53
+        found, rows = await store.l2.get(np.arange(53))
+        assert found.all()
+        np.testing.assert_array_equal(rows, feats[:53])
+        await store.close()
+
+    asyncio.run(main())
+
+
 def test_background_writes_are_bounded(redis_standalone):
     feats = make_features(10)
 

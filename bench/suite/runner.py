@@ -254,7 +254,8 @@ class Suite:
 
     def profile(self, topo: procs.Topology, service: str, seconds: float, load_kw: dict, key: str = "") -> dict | None:
         """py-spy (sampling, non-blocking) on one service's processes while ``load_kw`` runs."""
-        spy = shutil.which("py-spy")
+        # The venv's bin/ need not be on PATH (the suite run as .venv/bin/python).
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
         if spy is None:
             self.log("py-spy not installed: no profile (pip install py-spy)")
             return None

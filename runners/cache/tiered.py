@@ -176,6 +176,7 @@ def build_feature_store(
             ttl_s=settings.l2_ttl_s,
             timeout_s=settings.l2_timeout_s,
             timeout_per_key_s=settings.l2_timeout_per_key_us * 1e-6,
+            write_delay_s=settings.l2_write_delay_ms / 1000,
             retry_backoff_s=settings.l2_retry_backoff_s,
         )
     return TieredFeatureStore(l1, l2, origin)
