@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 
 from bench.suite import loadgen, procs, promtext
@@ -403,6 +404,10 @@ class Suite:
         # The warmest Zipf window (T4), before the bulk scenarios: their big L2 reads can trip the
         # L2 circuit (read deadline GSAGE_L2_TIMEOUT_S), which skips Redis for a while afterwards.
         self.load("single zipf c=1 (end of phase)", app_r, duration=b.short, tags={**R, "group": "single"}, seed=5)
+        # T4's floor on this machine in this run: the bare Redis round trip, no service around it.
+        mget = self.results["baselines"]["redis_mget"] = redis_mget_baseline(redis, b.inproc)
+        self.log(f"bare Redis MGET of {mget['keys_per_call']} cached rows (suite process, redis-py asyncio): "
+                 f"p50 {mget['p50_ms']:.2f} ms, p99 {mget['p99_ms']:.2f} ms over {mget['calls']} calls")
         profile = not a.no_profile and not self.over_budget("profiles")
         if profile:
             self.log("-- profiles under load (py-spy, non-blocking)")
@@ -497,6 +502,39 @@ def cache_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
         was = before.get(level, {})
         out[level] = {k: (v if k in gauges else v - was.get(k, 0)) for k, v in now.items() if isinstance(v, (int, float))}
     return out
+
+
+def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int = 150) -> dict[str, Any]:
+    """Time MGETs of ``keys_per_call`` random cached feature rows (about one request's L1 misses)
+    straight from this process: what an L2 read costs with no service, batcher or load around it."""
+    import redis.asyncio as aioredis
+
+    async def run() -> list[float]:
+        client = aioredis.Redis.from_url(server.url)
+        try:
+            keys: list[bytes] = []
+            async for key in client.scan_iter(match="gsf:*", count=1000):
+                keys.append(key)
+                if len(keys) >= 5000:
+                    break
+            rng = np.random.default_rng(0)
+            times: list[float] = []
+            deadline = time.perf_counter() + seconds
+            while keys and time.perf_counter() < deadline and len(times) < 20_000:
+                batch = [keys[i] for i in rng.integers(0, len(keys), keys_per_call)]
+                t0 = time.perf_counter()
+                await client.mget(batch)
+                times.append(time.perf_counter() - t0)
+            return times
+        finally:
+            await client.aclose()
+
+    ms = np.asarray(asyncio.run(run())) * 1e3
+    if ms.size == 0:
+        nan = float("nan")
+        return {"keys_per_call": keys_per_call, "calls": 0, "p50_ms": nan, "p99_ms": nan, "mean_ms": nan}
+    return {"keys_per_call": keys_per_call, "calls": int(ms.size), "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
 
 
 def redis_memory(redis: RedisServer) -> dict[str, float]:
