@@ -84,10 +84,38 @@ def sample_neighbours(
     return out
 
 
+# Up to this many draws (rows x k), Floyd runs as a plain loop: each numpy step costs ~5 calls of
+# fixed overhead, ~0.2 ms for one hub at k = 25 against ~10 us in Python (a single-node request).
+_SMALL_FLOYD_DRAWS = 400
+
+
 def _floyd_offsets(deg: np.ndarray, nodes: np.ndarray, k: int, seed: Seeds, hop: int) -> np.ndarray:
     """k distinct offsets in [0, deg) per row, uniform over k-subsets (Floyd's algorithm)."""
-    chosen = np.empty((deg.size, k), dtype=np.int64)
     draws = _uniforms(seed, nodes, hop, k)
+    if deg.size * k <= _SMALL_FLOYD_DRAWS:
+        return _floyd_loop(deg, draws, k)
+    return _floyd_vectorised(deg, draws, k)
+
+
+def _floyd_loop(deg: np.ndarray, draws: np.ndarray, k: int) -> np.ndarray:
+    """Floyd per row in Python; the same arithmetic as ``_floyd_vectorised``, so the same offsets
+    (a node's sample must not depend on the size of the batch it came in)."""
+    flat: list[int] = []
+    for d, row in zip(deg.tolist(), draws.tolist()):
+        seen: set[int] = set()
+        j = d - k
+        for u in row:
+            t = int(u * (j + 1))
+            if t in seen:
+                t = j
+            seen.add(t)
+            flat.append(t)
+            j += 1
+    return np.array(flat, dtype=np.int64).reshape(deg.size, k)
+
+
+def _floyd_vectorised(deg: np.ndarray, draws: np.ndarray, k: int) -> np.ndarray:
+    chosen = np.empty((deg.size, k), dtype=np.int64)
     for step in range(k):
         j = deg - k + step
         t = (draws[:, step] * (j + 1)).astype(np.int64)

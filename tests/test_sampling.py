@@ -80,3 +80,28 @@ def test_per_target_seeds_equal_separate_calls(graph):
         alone = sample_tree(graph.indptr, graph.indices, np.array([v]), (25, 10), seed=int(s))
         for x, y in zip(alone, merged):
             np.testing.assert_array_equal(x[0], y[i])
+
+
+def test_small_and_vectorised_floyd_give_the_same_offsets():
+    """Small batches take a plain loop, large ones numpy: the same draws must give the same
+    offsets, or a node's sample would depend on the size of the batch it came in."""
+    from runners.sampling import _floyd_loop, _floyd_vectorised, _uniforms
+
+    rng = np.random.default_rng(7)
+    for k in (1, 2, 10, 25):
+        deg = np.concatenate([np.full(50, k + 1), rng.integers(k + 1, 4 * k, 200), rng.integers(k + 1, 10**6, 200)])
+        nodes = rng.integers(0, 10**6, deg.size)
+        draws = _uniforms(int(rng.integers(2**62)), nodes, 1, k)
+        loop, vec = _floyd_loop(deg, draws, k), _floyd_vectorised(deg, draws, k)
+        np.testing.assert_array_equal(loop, vec)
+        assert all(len(set(row)) == k for row in loop.tolist())
+        assert (loop >= 0).all() and (loop < deg[:, None]).all()
+
+
+def test_a_node_samples_the_same_alone_and_in_a_large_batch(graph):
+    hubs = np.flatnonzero(np.diff(graph.indptr) > 25)[:40]
+    assert hubs.size * 25 > 400  # enough hubs for the batch to take the numpy path
+    big = sample_neighbours(graph.indptr, graph.indices, hubs, 25, seed=11)  # 40 x 25 draws: numpy path
+    for i, v in enumerate(hubs[:5]):
+        alone = sample_neighbours(graph.indptr, graph.indices, np.array([v]), 25, seed=11)  # loop path
+        np.testing.assert_array_equal(alone[0], big[i])
