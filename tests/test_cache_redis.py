@@ -34,7 +34,9 @@ def make_features(seed: int, n: int = N, dim: int = DIM) -> np.ndarray:
 
 def make_store(url: str, version: str, feats: np.ndarray, *, l1_bytes: int = 0,
                **l2_kwargs) -> TieredFeatureStore:
-    kw = dict(ttl_s=60.0, timeout_s=0.5, retry_backoff_s=0.1, max_backoff_s=0.4)
+    # A fresh Cluster client's first read includes topology discovery, inside the read deadline:
+    # 0.5 s was once too little on a loaded 2-core CI run. Fault tests pass their own short ones.
+    kw = dict(ttl_s=60.0, timeout_s=5.0, retry_backoff_s=0.1, max_backoff_s=0.4)
     kw.update(l2_kwargs)
     l2 = RedisFeatureLevel.from_url(url, version, feats.shape[1], **kw)
     return TieredFeatureStore(L1Cache(l1_bytes, 300.0, feats.shape[1]), l2, OriginLevel(feats))
