@@ -41,14 +41,37 @@ class OnnxBackend:
             else:
                 log.warning("ONNX Runtime CUDA requested but not available; running on CPU")
         self.session = ort.InferenceSession(artifacts.onnx_path, sess_options=opts, providers=providers)
+        # The same graph behind a Cast for float16 rows (the default transport): numpy's float16 ->
+        # float32 conversion cost ~3 ms per 256-target batch; ONNX Runtime's is vectorised. Exact.
+        self.session_f16 = ort.InferenceSession(
+            _with_float16_features(artifacts.onnx_path), sess_options=opts, providers=providers)
         self.name = "onnx-" + ("cuda" if providers[0].startswith("CUDA") else "cpu")
         self._index_names = [i.name for i in self.session.get_inputs()[1:]]
 
     def run(self, features: np.ndarray, index: list[np.ndarray]) -> Outputs:
-        feed = {"features": features.astype(np.float32, copy=False)}
+        if features.dtype == np.float16:
+            session, feed = self.session_f16, {F16_INPUT: features}
+        else:
+            session, feed = self.session, {"features": features.astype(np.float32, copy=False)}
         feed.update(zip(self._index_names, index))
-        logits, probs, embedding = self.session.run(None, feed)
+        logits, probs, embedding = session.run(None, feed)
         return logits, probs, embedding
+
+
+F16_INPUT = "features_f16"
+
+
+def _with_float16_features(onnx_path: str) -> bytes:
+    """The model with a float16 ``features_f16`` input cast to the float32 ``features`` it had."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(onnx_path)
+    (inp,) = [i for i in model.graph.input if i.name == "features"]
+    inp.name = F16_INPUT
+    inp.type.tensor_type.elem_type = TensorProto.FLOAT16
+    model.graph.node.insert(0, helper.make_node("Cast", [F16_INPUT], ["features"], to=TensorProto.FLOAT))
+    return model.SerializeToString()
 
 
 class TorchBackend:

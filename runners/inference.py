@@ -112,8 +112,12 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.nda
 
     Levels concatenate as they are: a level's rows follow the real nodes of the level above in
     order, so per-request blocks stay aligned. A smaller fanout is padded up with -1 columns.
+    Rows stay float16 when every tensor is (the backend widens them, faster than numpy does);
+    any other mix becomes float32.
     """
-    features = np.concatenate([t.features for t in tensors]).astype(np.float32, copy=False)
+    features = np.concatenate([t.features for t in tensors])
+    if features.dtype != np.float16:
+        features = features.astype(np.float32, copy=False)
     offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
     index = []
     for depth in range(len(fanout) + 1):

@@ -120,6 +120,16 @@ def test_float16_transport_keeps_predictions(model_store):
     top2 = np.sort(p32["probs"], axis=1)[:, -2:]
     flipped = p32["probs"].argmax(1) != p16["probs"].argmax(1)
     assert np.all(top2[flipped, 1] - top2[flipped, 0] <= 2 * diff)
+    # float16 rows are widened inside ONNX Runtime (a Cast before the graph): exactly what
+    # widening them first in numpy and running the float32 graph gives.
+    widened = FeatureTensor(ft16.features.astype(np.float32), ft16.index, ft16.snapshot)
+    (p16_numpy,) = run_batch(registry, [InferenceItem(tag, widened)])
+    np.testing.assert_array_equal(p16["logits"], p16_numpy["logits"])
+    np.testing.assert_array_equal(p16["probs"], p16_numpy["probs"])
+    # A batch mixing float16 and float32 tensors runs as float32, each item as it would alone.
+    (mixed16, mixed32) = run_batch(registry, [InferenceItem(tag, ft16), InferenceItem(tag, ft32)])
+    np.testing.assert_array_equal(mixed16["probs"], p16["probs"])
+    np.testing.assert_array_equal(mixed32["probs"], p32["probs"])
 
 
 @pytest.mark.parametrize("aggregator", ["mean", "lstm"])
