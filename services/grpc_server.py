@@ -49,11 +49,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
+from services.answer import Answer
 from services.auth import AuthError, Forbidden
 from services.grpc_codegen import ensure_stubs
 from services.http_guard import MAX_BODY_BYTES, build_access
 from services.prediction import ApiError
-from services.answer import Answer
 from services.protocol import PredictRequest, PredictResponse
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).

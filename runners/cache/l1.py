@@ -8,16 +8,17 @@ Node ids are dense (``[0, num_nodes)``), so the index is a direct map, not a has
 
 A batch lookup is therefore three gathers and a scatter, with no Python loop per id. Measured
 side by side (a Zipf stream of 276-id lookups, misses inserted, L1 at 10% of 100k rows): get + put
-P50 0.46 -> 0.15 ms, P99 1.18 -> 0.36 ms; a 256-target batch (~7k ids) 20.9 -> 4.7 ms. Recency is a counter, not a linked list: ``get`` stamps each hit with the
-next timestamps in batch order (a later duplicate is more recent, as with ``move_to_end``).
+P50 0.46 -> 0.15 ms, P99 1.18 -> 0.36 ms; a 256-target batch (~7k ids) 20.9 -> 4.7 ms. Recency is
+a counter, not a linked list: ``get`` stamps each hit with the next timestamps in batch order (a
+later duplicate is more recent, as with ``move_to_end``).
 
 Eviction (only on insert, when no free slot is left) takes the least recently used entries with
 one ``argpartition`` over the timestamps. That is O(capacity), so it evicts in chunks: the
 ``short`` slots needed, and at least ``capacity // EVICT_FRACTION`` when the cache is that large,
 never an entry the same ``put`` just refreshed. The cache thus sits between 15/16 and all of its
-capacity, and the partition runs once per chunk, not per request (1/64 chunks: P50 0.29 ms;
-hit ratio 25.1% vs 25.6% on that stream: the 1/16 chunk is the better trade). Exactly which entries leave is still
-decided by recency alone (``tests/test_cache_l1.py`` checks it against a reference model).
+capacity, and the partition runs once per chunk, not per request (1/64 chunks: P50 0.29 ms; hit
+ratio 25.1% vs 25.6% on that stream: the 1/16 chunk is the better trade). Which entries leave is
+still decided by recency alone (``tests/test_cache_l1.py`` checks it against a reference model).
 
 Byte bound: each slot costs its row plus ``ENTRY_OVERHEAD_BYTES`` (id, deadline, timestamp, a
 place on the free stack); with ``num_ids`` known the direct map (4 B per id) is charged up front,
