@@ -72,12 +72,18 @@ class GraphSAGERunner:
             raise bentoml.exceptions.NotFound(str(exc)) from exc
 
     @bentoml.api
-    async def infer(self, tensor: bytes, model: str = "graphsage:latest", embedding: bool = False) -> BinaryBody:
-        """Run ``model`` on an encoded FeatureTensor; returns logits/probs (and embedding) packed
-        with ``runners.wire``, meta: the exact model tag, backend and task."""
+    async def infer(self, request: BinaryBody, /) -> BinaryBody:
+        """Run a model on an encoded FeatureTensor. The body is ``wire.envelope({"model": tag,
+        "embedding": bool}, tensor)``; returns logits/probs (and embedding) packed with
+        ``runners.wire``, meta: the exact model tag, backend and task."""
         try:
+            options, tensor = wire.open_envelope(request)
+            model = options.get("model", "graphsage:latest")
+            embedding = options.get("embedding", False)
+            if not isinstance(model, str) or not isinstance(embedding, bool):
+                raise FeatureTensorError("envelope options: model must be a string, embedding a bool")
             ft = decode(tensor)
-        except FeatureTensorError as exc:
+        except (wire.WireError, FeatureTensorError) as exc:
             raise bentoml.exceptions.InvalidArgument(f"bad FeatureTensor: {exc}") from exc
         loaded = await self._load(model)
         try:

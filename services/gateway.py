@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runners import wire
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
@@ -71,7 +72,8 @@ class Gateway:
             self.routing,
             # Resolved per call: the dependency clients connect only once the worker has started.
             lambda **kw: self.feature_runner.to_async.features(dtype=cfg.feature_transport_dtype, **kw),
-            lambda **kw: self.model_runner.to_async.infer(**kw),
+            lambda tensor, model, embedding: self.model_runner.to_async.infer(
+                wire.envelope({"model": model, "embedding": embedding}, tensor)),
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from runners import wire
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from tests.app_harness import SplitApp, build_demo_store, closed_loop, free_port
 from tests.conftest import bentoml_home
@@ -142,6 +143,13 @@ def test_bad_transport_input_is_a_clear_4xx(app, env):
     statuses = [r.status_code for r in cases]
     assert all(400 <= s < 500 for s in statuses), statuses
     assert statuses[3] == 415 and statuses[4] == 413
+
+
+def test_model_runner_takes_an_envelope_and_rejects_anything_else(app, env):
+    url, octet = app.model.url + "/infer", {"content-type": "application/octet-stream"}
+    for body in (b"", b"GSE1junk", b"GSE1\x02\0\0\0{}GSW1", wire.envelope({"model": 7}, b"GSW1")):
+        r = httpx.post(url, content=body, headers=octet)
+        assert r.status_code == 400 and "bad FeatureTensor" in r.text, (body, r.status_code, r.text)
 
 
 def test_concurrent_load_has_zero_errors(app, env):

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from runners import wire
 from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode, padded_nbytes, to_padded
 from runners.sampling import sample_tree
 from tests.graphs import small_graph
@@ -74,3 +75,15 @@ def test_decoder_survives_mutations(data):
         decode(bytes(blob))
     except FeatureTensorError:
         pass
+
+
+def test_envelope_round_trip_and_rejections():
+    _, _, ft = _tensor(np.float16)
+    blob = encode(ft)
+    options, payload = wire.open_envelope(wire.envelope({"model": "graphsage:v1", "embedding": True}, blob))
+    assert options == {"model": "graphsage:v1", "embedding": True}
+    np.testing.assert_array_equal(decode(payload).features, ft.features)
+    for bad, match in [(b"", "magic"), (blob, "magic"), (b"GSE1" + b"\xff\xff\xff\x7f", "out of range"),
+                       (b"GSE1\x03\0\0\0{x}", "bad header"), (b"GSE1\x02\0\0\0[]", "JSON object")]:
+        with pytest.raises(wire.WireError, match=match):
+            wire.open_envelope(bad)

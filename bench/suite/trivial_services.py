@@ -2,7 +2,8 @@
 
 B1: ``TrivialGateway`` composes ``TrivialFeature`` and ``TrivialModel`` with ``bentoml.depends``,
 exactly the topology of the real app (async API, ``await dep.to_async.method(...)``, a bytes blob
-feature -> model, the runners' service options of the app (``runners.config.runner_service_options``:
+feature -> model sent as the app sends it (one raw ``application/octet-stream`` body, not pickled
+keyword arguments), the runners' service options of the app (``runners.config.runner_service_options``:
 the ``runner_connection`` workaround, no access log, tracing as configured), started split: one
 process per service). The answer has the same shape as ``/predict``'s (one
 entry per node), so the gateway pays comparable JSON costs; the runners only echo a few bytes.
@@ -18,6 +19,7 @@ import struct
 import bentoml
 
 from runners import config
+from runners.wire import BinaryBody
 
 # The app's runners' service options, so that B1 differs from the app by the work only.
 RUNNER_OPTIONS = config.runner_service_options(workers=1)
@@ -30,7 +32,7 @@ class TrivialFeature:
         gc.freeze()
 
     @bentoml.api
-    async def features(self, node_ids: list[int]) -> bytes:
+    async def features(self, node_ids: list[int]) -> BinaryBody:
         return struct.pack("<I", len(node_ids))
 
 
@@ -40,7 +42,7 @@ class TrivialModel:
         gc.freeze()
 
     @bentoml.api
-    async def infer(self, tensor: bytes) -> bytes:
+    async def infer(self, tensor: BinaryBody, /) -> BinaryBody:
         return tensor
 
 
@@ -60,7 +62,7 @@ class TrivialGateway:
     @bentoml.api(route="/predict")
     async def predict(self, node_ids: list[int]) -> dict:
         blob = await self.feature.to_async.features(node_ids=node_ids)
-        out = await self.model.to_async.infer(tensor=blob)
+        out = await self.model.to_async.infer(blob)
         assert struct.unpack("<I", out)[0] == len(node_ids)
         return _answer(node_ids)
 
