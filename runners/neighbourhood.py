@@ -16,6 +16,7 @@ import numpy as np
 
 from runners.cache.tiered import FetchStats, TieredFeatureStore
 from runners.feature_tensor import FeatureTensor, compact
+from runners.narrowing import to_dtype
 from runners.sampling import random_seed, sample_tree
 from runners.snapshot import GraphSnapshot
 
@@ -121,7 +122,7 @@ class NeighbourhoodBuilder:
         out = []
         for r, (unique, index) in zip(requests, compacted):
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
-            out.append(FeatureTensor(feats.astype(r.dtype, copy=False), index, self.snapshot.tag))
+            out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
         assemble_s = compacted_s + (time.perf_counter() - fetched)
         self.last = BatchTimings(sampled - started, fetch_stats, assemble_s, n_targets, int(all_ids.size))
         return out

@@ -1,0 +1,61 @@
+"""float32 -> float16 narrowing of feature rows for transport, through ONNX Runtime's ``Cast``.
+
+numpy converts element by element in software: 5.4 ms for the ~6,800 x 128 rows of a 256-target
+request, the largest single cost of the FeatureRunner on bulk requests. ONNX Runtime's ``Cast``
+uses the CPU's conversion instructions: 0.19 ms for the same rows, bit-identical results (round
+to nearest even, overflow to inf, NaN kept; asserted in tests). One tiny session per process, made
+on first use; numpy stays the fallback when ONNX Runtime cannot load.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("graphsage.features")
+
+_lock = threading.Lock()
+_session: Any = None
+_unavailable = False
+
+
+def _cast_session() -> Any:
+    global _session, _unavailable
+    with _lock:
+        if _session is None and not _unavailable:
+            try:
+                _session = _build_session()
+            except Exception:  # noqa: BLE001 - any failure: numpy does the job, slower
+                log.exception("ONNX Runtime Cast unavailable; narrowing rows with numpy")
+                _unavailable = True
+        return _session
+
+
+def _build_session() -> Any:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["rows"], ["narrow"], to=TensorProto.FLOAT16)], "narrow_rows",
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("narrow", TensorProto.FLOAT16, [None, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # one core per worker, as the model runner
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def to_dtype(rows: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
+    """``rows`` as ``dtype``; float32 -> float16 on 2-D rows goes through ONNX Runtime."""
+    target = np.dtype(dtype)
+    if rows.dtype == target:
+        return rows
+    if target == np.float16 and rows.dtype == np.float32 and rows.ndim == 2 and rows.size:
+        session = _cast_session()
+        if session is not None:
+            return session.run(None, {"rows": np.ascontiguousarray(rows)})[0]
+    return rows.astype(target)
