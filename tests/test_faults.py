@@ -101,7 +101,7 @@ def test_one_model_worker_killed(app):
 
     out = asyncio.run(_with_fault(app, 6.0, 16, fault))
     row = record("one_model_worker_killed", "16 concurrent single-node requests, 6 s, 2 workers", out)
-    assert row["failed"] == 0, row  # a connection lost mid-call is retried once (idempotent)
+    assert row["failed"] == 0, row  # a connection lost mid-call is retried (idempotent)
 
 
 def test_feature_runner_killed_then_restarted(app):

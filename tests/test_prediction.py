@@ -104,3 +104,36 @@ def test_feature_runner_down_degrades_and_model_runner_down_is_503():
     assert degraded.degraded and first.stale and first.label is not None and second.label is None
     assert first.probabilities and not second.probabilities and not second.stale
     assert error.status == 503 and error.headers["Retry-After"] == "1"
+
+
+def test_lost_connections_are_retried_twice_refused_ones_never():
+    import aiohttp
+
+    from services.prediction import RunnerRejected, rejecting_client_errors
+
+    def flaky(failures: list[BaseException]):
+        calls = []
+
+        async def fn(**kw):
+            calls.append(kw)
+            if len(calls) <= len(failures):
+                raise failures[len(calls) - 1]
+            return b"ok"
+        return fn, calls
+
+    lost = aiohttp.ServerDisconnectedError()
+    fn, calls = flaky([lost, ConnectionResetError()])
+    assert asyncio.run(rejecting_client_errors(fn)(x=1)) == b"ok" and len(calls) == 3
+    fn, calls = flaky([lost, lost, lost])
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        asyncio.run(rejecting_client_errors(fn)())
+    assert len(calls) == 3
+    refused = aiohttp.ClientConnectorError(None, OSError(111, "refused"))  # the runner is down: no retry
+    fn, calls = flaky([refused])
+    with pytest.raises(aiohttp.ClientConnectorError):
+        asyncio.run(rejecting_client_errors(fn)())
+    assert len(calls) == 1
+    fn, calls = flaky([Rejected("bad ids")])
+    with pytest.raises(RunnerRejected):
+        asyncio.run(rejecting_client_errors(fn)())
+    assert len(calls) == 1
