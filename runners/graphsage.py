@@ -107,3 +107,6 @@ class GraphSAGERunner:
     @bentoml.api
     async def models(self) -> dict:
         return {"loaded": self.registry.loaded(), "batches": vars(self.batcher.stats)}
+
+
+wire.take_raw_body(GraphSAGERunner, "infer")

@@ -87,3 +87,23 @@ def test_envelope_round_trip_and_rejections():
                        (b"GSE1\x03\0\0\0{x}", "bad header"), (b"GSE1\x02\0\0\0[]", "JSON object")]:
         with pytest.raises(wire.WireError, match=match):
             wire.open_envelope(bad)
+
+
+def test_a_raw_body_api_takes_the_body_as_it_arrived():
+    import bentoml
+
+    from runners.graphsage import GraphSAGERunner
+
+    spec = GraphSAGERunner.apis["infer"].input_spec
+    body = wire.envelope({"model": "graphsage:v1"}, b"GSW1")
+    assert spec.model_validate_json(body).root is body
+    assert spec.model_validate_json(bytearray(body)).root == body
+
+    @bentoml.service
+    class Typed:
+        @bentoml.api
+        async def call(self, tensor: bytes, model: str = "x") -> bytes:
+            return tensor
+
+    with pytest.raises(TypeError, match="positional-only bytes"):
+        wire.take_raw_body(Typed, "call")

@@ -19,7 +19,7 @@ import struct
 import bentoml
 
 from runners import config
-from runners.wire import BinaryBody
+from runners.wire import BinaryBody, take_raw_body
 
 # The app's runners' service options, so that B1 differs from the app by the work only.
 RUNNER_OPTIONS = config.runner_service_options(workers=1)
@@ -45,6 +45,9 @@ class TrivialModel:
     async def infer(self, tensor: BinaryBody, /) -> BinaryBody:
         return tensor
 
+
+
+take_raw_body(TrivialModel, "infer")  # as the app's GraphSAGERunner
 
 def _answer(node_ids: list[int]) -> dict:
     return {"model": "trivial", "degraded": False,
