@@ -61,8 +61,8 @@ class Settings:
     # cache misses a few rows in most requests, one Redis write each cost a round trip of CPU.
     l2_write_delay_ms: float = 100.0
     warm_nodes: int = 0
-    # Feature batches of at least this many targets are scans: L1 + snapshot, no Redis, no cache
-    # fill (runners/cache/tiered.py says why). 0 turns it off. Single-node traffic merged at
+    # Feature batches of at least this many targets are scans: the snapshot only (no L1, no
+    # Redis), no cache fill (runners/cache/tiered.py says why). 0 turns it off. Single-node traffic merged at
     # concurrency 32 stays below it.
     scan_min_targets: int = 64
     # The FeatureTensor rows as the gateway asks for them (float32 | float16). float16 halves the

@@ -29,7 +29,7 @@ def feature_metrics() -> SimpleNamespace:
         batch_targets=m.Histogram(name="feature_batch_targets", documentation="Targets per merged batch",
                                   buckets=SIZE_BUCKETS),
         l2_errors=m.Counter(name="feature_l2_errors", documentation="L2 (Redis) failures (timeouts, refused, moved) served from origin"),
-        scans=m.Counter(name="feature_scan_batches", documentation="Batches fetched as scans: L1 + snapshot, no Redis, no cache fill"),
+        scans=m.Counter(name="feature_scan_batches", documentation="Batches fetched as scans: the snapshot only, no cache read or fill"),
     )
 
 

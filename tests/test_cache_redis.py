@@ -87,7 +87,7 @@ def test_write_back_on_miss_then_fresh_l1_hits_l2(redis_url):
     asyncio.run(main())
 
 
-def test_a_scan_reads_l1_then_origin_and_fills_nothing(redis_standalone):
+def test_a_scan_reads_the_origin_only_and_fills_nothing(redis_standalone):
     feats = make_features(4)
     ids = np.random.default_rng(5).permutation(N)[:300]
 
@@ -98,8 +98,8 @@ def test_a_scan_reads_l1_then_origin_and_fills_nothing(redis_standalone):
         mgets = calls(redis_standalone, "mget")
         rows, stats = await store.fetch_with_stats(ids, scan=True)
         np.testing.assert_array_equal(rows, feats[ids])
-        assert stats.scan and (stats.l1_hits, stats.l2_hits, stats.origin_hits) == (100, 0, 200)
-        assert stats.l2_s == 0.0
+        assert stats.scan and (stats.l1_hits, stats.l2_hits, stats.origin_hits) == (0, 0, 300)
+        assert stats.l1_s == stats.l2_s == 0.0
         await store.flush()
         assert calls(redis_standalone, "mget") == mgets  # Redis not read...
         assert store.l2.stats()["writes"] == 100  # ...nor written
