@@ -80,7 +80,9 @@ def targets(res: dict) -> list[dict]:
                     "cpu": cpu(app)})
     # T3
     bulk = [s[k] for k in ("bulk 256 zipf c=1", "bulk 256 zipf c=4") if k in s]
-    b3 = inproc.get("b3", {}).get("256")
+    # The faster of the two in-process variants (with and without L1), as for B4's thread counts.
+    b3s = [x for x in (inproc.get("b3", {}).get("256"), inproc.get("b3_no_l1", {}).get("256")) if x]
+    b3 = max(b3s, key=lambda r: r["nodes_per_s"]) if b3s else None
     b4s = [x for x in (inproc.get("b4", {}).get("256"), inproc.get("b4_threads_all", {}).get("256")) if x]
     if bulk and b3 and b4s:
         best = max(bulk, key=lambda r: r["nodes_per_s"])
@@ -89,7 +91,7 @@ def targets(res: dict) -> list[dict]:
         ok = r3 >= 0.5 and r4 >= 1.0
         out.append({"id": "T3", "what": "bulk 256 nodes: nodes/s >= 0.5x B3 and >= 1.0x B4", "pass": ok,
                     "figure": f"{best['nodes_per_s']:,.0f} nodes/s ({best['name']}, P50 {best['p50_ms']:.1f} ms)",
-                    "baseline": f"B3 {b3['nodes_per_s']:,.0f} nodes/s (P50 {b3['p50_ms']:.1f} ms); "
+                    "baseline": f"B3 {b3['nodes_per_s']:,.0f} nodes/s (P50 {b3['p50_ms']:.1f} ms; best of with / without L1); "
                                 f"B4 {b4['nodes_per_s']:,.0f} nodes/s (best of 1 / all threads)",
                     "ratio": f"{r3:.2f}x B3, {r4:.2f}x B4",
                     "miss_by": None if ok else _miss([("vs B3", r3, 0.5, "x", True), ("vs B4", r4, 1.0, "x", True)]),
