@@ -62,8 +62,8 @@ class Settings:
     l2_write_delay_ms: float = 100.0
     warm_nodes: int = 0
     # Feature batches of at least this many targets are scans: the snapshot only (no L1, no
-    # Redis), no cache fill (runners/cache/tiered.py says why). 0 turns it off. Single-node traffic merged at
-    # concurrency 32 stays below it.
+    # Redis), no cache fill (runners/cache/tiered.py says why). 0 turns it off. Single-node
+    # traffic merged at concurrency 32 stays below it.
     scan_min_targets: int = 64
     # The FeatureTensor rows as the gateway asks for them (float32 | float16). float16 halves the
     # bytes that cross two hops (256 targets: 4.42 -> 2.26 MB); on the demo model it changed no

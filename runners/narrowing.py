@@ -24,6 +24,8 @@ _unavailable = False
 
 def _cast_session() -> Any:
     global _session, _unavailable
+    if _session is not None:  # the hot path: no lock once built
+        return _session
     with _lock:
         if _session is None and not _unavailable:
             try:

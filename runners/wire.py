@@ -34,6 +34,7 @@ def take_raw_body(service: Any, api: str) -> None:
 
     spec.model_validate_json = classmethod(model_validate_json)
 
+
 MAGIC = b"GSW1"
 _ALIGN = 8
 MAX_HEADER_BYTES = 64 * 1024

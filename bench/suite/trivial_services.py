@@ -46,8 +46,8 @@ class TrivialModel:
         return tensor
 
 
-
 take_raw_body(TrivialModel, "infer")  # as the app's GraphSAGERunner
+
 
 def _answer(node_ids: list[int]) -> dict:
     return {"model": "trivial", "degraded": False,

@@ -94,7 +94,7 @@ class TieredFeatureStore:
         t1 = time.perf_counter()
 
         l2_hits, l2_fill_s = 0, 0.0
-        asked_l2 = bool(miss.size) and self.l2 is not None and not scan
+        asked_l2 = bool(miss.size) and self.l2 is not None
         if asked_l2:
             found, rows = await self.l2.get(ids[miss])
             if rows.shape[0]:
@@ -113,12 +113,11 @@ class TieredFeatureStore:
             cold = ids[miss]
             rows = self.origin.get_many(cold)
             out[miss] = rows
-            if not scan:
-                tf = time.perf_counter()
-                self.l1.put_many(cold, rows)
-                origin_fill_s = time.perf_counter() - tf
-                if self.l2 is not None:
-                    self.l2.put_background(cold, rows)
+            tf = time.perf_counter()
+            self.l1.put_many(cold, rows)
+            origin_fill_s = time.perf_counter() - tf
+            if self.l2 is not None:
+                self.l2.put_background(cold, rows)
         t3 = time.perf_counter()
 
         stats = FetchStats(
@@ -129,7 +128,6 @@ class TieredFeatureStore:
             l1_s=(t1 - t0) + l2_fill_s + origin_fill_s,
             l2_s=(t2 - t1) - l2_fill_s if asked_l2 else 0.0,
             origin_s=(t3 - t2) - origin_fill_s if asked_origin else 0.0,
-            scan=scan,
         )
         self.last_stats = stats
         return out, stats
