@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,11 @@ import httpx
 import psutil
 
 from bentos.local_split import stop_process_tree
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "services.gateway:Gateway"
 START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_export(home: str, *args: str) -> dict:

@@ -22,6 +22,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 
+from tests.ports import free_port
+
 STARTUP_TIMEOUT_S = 10.0
 CLUSTER_TIMEOUT_S = 20.0
 HOST = "127.0.0.1"
@@ -29,12 +31,6 @@ HOST = "127.0.0.1"
 
 def redis_available() -> bool:
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _resp(*args: str) -> bytes:
