@@ -195,6 +195,30 @@ def test_tiered_without_l2_reads_origin_once_then_l1():
     assert store.stats() == {"l1": store.l1.stats(), "origin": {"hits": 4}}
 
 
+def test_tiered_fills_l1_after_the_fetch_returns():
+    """The fill is off the fetch's path: queued, inserted on the next loop turn (or by the next
+    fetch, whichever comes first), and timed on its own."""
+    feats = rows_for(range(100))
+    store = TieredFeatureStore(make(50), None, OriginLevel(feats))
+    drains: list[float] = []
+    store.on_fill = drains.append
+
+    async def go():
+        await store.fetch(np.array([1, 2]))
+        queued = (1 in store.l1, drains[:])
+        await asyncio.sleep(0)  # the scheduled drain runs
+        after_turn = (1 in store.l1, 2 in store.l1, len(drains))
+        await store.fetch(np.array([3]))
+        _, stats = await store.fetch_with_stats(np.array([3, 1]))  # no turn in between
+        return queued, after_turn, stats
+
+    queued, after_turn, stats = asyncio.run(go())
+    assert queued == (False, [])
+    assert after_turn == (True, True, 1)
+    assert (stats.l1_hits, stats.origin_hits) == (2, 0)
+    assert len(drains) == 2 and store.fill_seconds == pytest.approx(sum(drains))
+
+
 def test_build_feature_store_without_redis_has_no_l2():
     store = build_feature_store(Settings(l1_bytes=1 << 20, l1_ttl_s=5), rows_for(range(10)), "v")
     assert store.l2 is None and store.l1.max_bytes == 1 << 20 and store.l1.ttl_s == 5

@@ -3,9 +3,16 @@
 ``fetch(ids)`` for unique int64 ids returns ``[n, F]`` float32 rows in the order of ``ids``:
 
 1. L1 answers what it holds (no I/O).
-2. The L1 misses go to L2 in one read (read-through); rows L2 found are copied into L1.
-3. What L2 missed is gathered from the origin; those rows go into L1 and are written back to L2
-   by a background task, so the request never waits for a cache write.
+2. The L1 misses go to L2 in one read (read-through); rows L2 found will be copied into L1.
+3. What L2 missed is gathered from the origin; those rows will go into L1 and are written back to
+   L2 by a background task, so the request never waits for a cache write.
+
+Filling L1 is off the request's path too: the rows found below L1 are queued and inserted by a
+callback on the next event-loop turn, or at the start of the next fetch if that comes first (so
+a caller that fetches again right away still finds them). An insert is the costly half of L1
+(eviction is an O(capacity) partition, once per chunk): measured in the service at c=1, L1's
+P99 with fills inline was 0.37 ms against ~0.1 ms for the lookup alone, on a retrieval whose
+P99 target is 1 ms. Fill time is reported on its own (``fill_seconds``, ``on_fill``).
 
 A *scan* (``fetch_with_stats(ids, scan=True)``: the builder's bulk batches) reads the origin
 only and writes nothing back: a 256-target batch touches ~7k distinct rows, which would evict
@@ -28,8 +35,10 @@ rows are identical, so the race costs a duplicate write, never a wrong answer.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,8 +57,8 @@ class FetchStats:
     l1_hits: int = 0
     l2_hits: int = 0
     origin_hits: int = 0
-    # Wall seconds per stage; L1 includes filling L1 with the rows found below it. A level that
-    # was not consulted (everything found above it, or no L2) reports exactly 0.0.
+    # Wall seconds per stage (L1: the lookup; its fill is deferred, see the module docstring). A
+    # level that was not consulted (everything found above it, or no L2) reports exactly 0.0.
     l1_s: float = 0.0
     l2_s: float = 0.0
     origin_s: float = 0.0
@@ -65,6 +74,10 @@ class TieredFeatureStore:
         self.l2 = l2
         self.origin = origin
         self.last_stats = FetchStats()
+        self._fills: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, rows) not yet in L1
+        self._fill_scheduled = False
+        self.fill_seconds = 0.0
+        self.on_fill: Callable[[float], None] | None = None  # called with each drain's seconds
 
     @property
     def dim(self) -> int:
@@ -84,6 +97,7 @@ class TieredFeatureStore:
             raise IndexError(f"node ids must be in [0, {self.num_nodes})")
         if scan:
             return self._scan(ids)
+        self._drain_fills()
         out = np.empty((ids.size, self.dim), dtype=ROW_DTYPE)
 
         t0 = time.perf_counter()
@@ -93,7 +107,7 @@ class TieredFeatureStore:
         l1_hits = ids.size - miss.size
         t1 = time.perf_counter()
 
-        l2_hits, l2_fill_s = 0, 0.0
+        l2_hits = 0
         asked_l2 = bool(miss.size) and self.l2 is not None
         if asked_l2:
             found, rows = await self.l2.get(ids[miss])
@@ -101,21 +115,16 @@ class TieredFeatureStore:
                 hit = miss[found]
                 out[hit] = rows
                 l2_hits = int(hit.size)
-                tf = time.perf_counter()
-                self.l1.put_many(ids[hit], rows)
-                l2_fill_s = time.perf_counter() - tf
+                self._queue_fill(ids[hit], rows)
                 miss = miss[~found]
         t2 = time.perf_counter()
 
-        origin_fill_s = 0.0
         asked_origin = bool(miss.size)
         if asked_origin:
             cold = ids[miss]
             rows = self.origin.get_many(cold)
             out[miss] = rows
-            tf = time.perf_counter()
-            self.l1.put_many(cold, rows)
-            origin_fill_s = time.perf_counter() - tf
+            self._queue_fill(cold, rows)
             if self.l2 is not None:
                 self.l2.put_background(cold, rows)
         t3 = time.perf_counter()
@@ -125,12 +134,32 @@ class TieredFeatureStore:
             l1_hits=int(l1_hits),
             l2_hits=l2_hits,
             origin_hits=int(miss.size),
-            l1_s=(t1 - t0) + l2_fill_s + origin_fill_s,
-            l2_s=(t2 - t1) - l2_fill_s if asked_l2 else 0.0,
-            origin_s=(t3 - t2) - origin_fill_s if asked_origin else 0.0,
+            l1_s=t1 - t0,
+            l2_s=t2 - t1 if asked_l2 else 0.0,
+            origin_s=t3 - t2 if asked_origin else 0.0,
         )
         self.last_stats = stats
         return out, stats
+
+    def _queue_fill(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self._fills.append((ids, rows))
+        if not self._fill_scheduled:
+            self._fill_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain_fills)
+
+    def _drain_fills(self) -> None:
+        """Insert the queued rows into L1, oldest first (a later row of an id wins)."""
+        self._fill_scheduled = False
+        if not self._fills:
+            return
+        fills, self._fills = self._fills, []
+        t0 = time.perf_counter()
+        for ids, rows in fills:
+            self.l1.put_many(ids, rows)
+        spent = time.perf_counter() - t0
+        self.fill_seconds += spent
+        if self.on_fill is not None:
+            self.on_fill(spent)
 
     def _scan(self, ids: np.ndarray) -> tuple[np.ndarray, FetchStats]:
         t0 = time.perf_counter()
@@ -163,7 +192,8 @@ class TieredFeatureStore:
         return {level.name: level.stats() for level in levels if level is not None}
 
     async def flush(self) -> None:
-        """Wait for pending background writes (tests, shutdown)."""
+        """Settle L1 fills and wait for pending background writes (tests, shutdown)."""
+        self._drain_fills()
         if self.l2 is not None:
             await self.l2.flush()
 
