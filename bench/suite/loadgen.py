@@ -52,6 +52,17 @@ class LoadResult:
     def ok(self) -> int:
         return int(self.latencies_s.size)
 
+    @classmethod
+    def pooled(cls, parts: Sequence[LoadResult]) -> LoadResult:
+        """Several windows of one scenario as one: latencies together, counts and time summed."""
+        first = parts[0]
+        errors: Counter[str] = Counter()
+        for p in parts:
+            errors.update(p.errors)
+        return cls(first.mode, first.concurrency, first.rate, first.nodes_per_request,
+                   np.concatenate([p.latencies_s for p in parts]), dict(errors), sum(p.degraded for p in parts),
+                   sum(p.elapsed_s for p in parts), sum(p.sent for p in parts))
+
     def summary(self) -> dict[str, Any]:
         ms = self.latencies_s * 1e3
         out: dict[str, Any] = {

@@ -10,14 +10,20 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 NAN = float("nan")
+
+
+def _pyplot():
+    """matplotlib, imported on first plot: the targets' logic must not need the bench extra."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def by_name(res: dict) -> dict[str, dict]:
@@ -36,6 +42,43 @@ def ms(stage: dict | None, key: str = "mean_s") -> float:
     return stage[key] * 1e3
 
 
+def retrieval_p99(row: dict | None) -> tuple[float, bool]:
+    """A window's feature-retrieval P99 in ms and whether it was measured: from the FeatureRunner's
+    whole-fetch histogram where it has one, else bounded by the sum of the levels' P99s (older
+    runs)."""
+    st = (row or {}).get("stages", {})
+    whole = ms(st.get("feature_fetch"), "p99_s")
+    if whole == whole:
+        return whole, True
+    return sum(v for v in (ms(st.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")) if v == v), False
+
+
+def paired_or_own(s: dict[str, dict], app: str, base: str) -> tuple[dict | None, dict | None, dict | None]:
+    """The app's and the baseline's rows a target is judged on: the interleaved "(paired)" windows
+    when the run has both, else the scenarios' own windows; and the app's own window (its CPU)."""
+    pa, pb = s.get(f"{app} (paired)"), s.get(f"{base} (paired)")
+    if pa and pb and pa.get("ok") and pb.get("ok"):
+        return pa, pb, s.get(app)
+    return s.get(app), s.get(base), s.get(app)
+
+
+def pairing_note(s: dict[str, dict], a: dict, b: dict, app: str, base: str,
+                 figure: Callable[[dict], float]) -> str:
+    """How the judged ratio was measured, the interleaved windows' own spread, and the ratio of
+    the separate windows for comparison."""
+    if a.get("group") != "paired":
+        return " (separate windows)"
+    per = [wa_v / wb_v for wa, wb in zip(a["windows"], b["windows"])
+           if (wa_v := figure(wa)) and (wb_v := figure(wb))]
+    note = f" (interleaved, {len(a['windows'])} windows each"
+    if per:
+        note += f"; per window pair {min(per):.2f}-{max(per):.2f}x"
+    own_a, own_b = s.get(app), s.get(base)
+    if own_a and own_b and figure(own_b):
+        note += f"; separate windows {figure(own_a) / figure(own_b):.2f}x"
+    return note + ")"
+
+
 # -- targets ---------------------------------------------------------------------------------------
 
 
@@ -51,18 +94,19 @@ def targets(res: dict) -> list[dict]:
         return ", ".join(f"{k} {v:.0%}" for k, v in sorted(u.items(), key=lambda kv: -kv[1]))
 
     # T1
-    app, b1 = s.get("single zipf c=1"), s.get("B1 single c=1")
+    app, b1, own = paired_or_own(s, "single zipf c=1", "B1 single c=1")
     if app and b1:
         ratio = app["p99_ms"] / b1["p99_ms"]
         ok = ratio <= 1.3 and app["p99_ms"] <= 10.0
         out.append({"id": "T1", "what": "single node, c=1: e2e P99 <= 1.3x B1 P99 and <= 10 ms", "pass": ok,
                     "figure": f"P99 {app['p99_ms']:.2f} ms (P50 {app['p50_ms']:.2f})",
                     "baseline": f"B1 P99 {b1['p99_ms']:.2f} ms (P50 {b1['p50_ms']:.2f})",
-                    "ratio": f"{ratio:.2f}x B1",
+                    "ratio": f"{ratio:.2f}x B1" + pairing_note(s, app, b1, "single zipf c=1", "B1 single c=1",
+                                                            lambda r: r["p99_ms"]),
                     "miss_by": None if ok else _miss([("ratio", ratio, 1.3, "x"), ("P99", app["p99_ms"], 10.0, " ms")]),
-                    "cpu": cpu(app)})
+                    "cpu": cpu(own)})
     # T2
-    app, b2 = s.get("single zipf c=32"), s.get("B2 single c=32")
+    app, b2, own = paired_or_own(s, "single zipf c=32", "B2 single c=32")
     if app and b2:
         ratio = app["req_per_s"] / b2["req_per_s"]
         errs = app["error_count"]
@@ -73,11 +117,12 @@ def targets(res: dict) -> list[dict]:
                               f"{', ' + str(app['degraded']) + ' degraded' if app['degraded'] else ''}",
                     "baseline": f"B2 {b2['req_per_s']:.0f} req/s (P99 {b2['p99_ms']:.1f} ms)"
                                 + (f"; B1 {b1['req_per_s']:.0f} req/s (P99 {b1['p99_ms']:.1f} ms)" if b1 else ""),
-                    "ratio": f"{ratio:.2f}x B2" + (f", {app['req_per_s'] / b1['req_per_s']:.2f}x B1" if b1 else ""),
+                    "ratio": f"{ratio:.2f}x B2" + pairing_note(s, app, b2, "single zipf c=32", "B2 single c=32",
+                                                            lambda r: r["req_per_s"]),
                     "miss_by": None if ok else _miss([("req/s ratio", ratio, 0.6, "x", True),
                                                       ("P99", app["p99_ms"], 45.0, " ms"),
                                                       ("errors", errs, 0, "")]),
-                    "cpu": cpu(app)})
+                    "cpu": cpu(own)})
     # T3
     bulk = [s[k] for k in ("bulk 256 zipf c=1", "bulk 256 zipf c=4") if k in s]
     # The faster of the two in-process variants (with and without L1), as for B4's thread counts.
@@ -104,31 +149,28 @@ def targets(res: dict) -> list[dict]:
         p99 = {k: ms(st.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")}
         share = {k: (st.get(f"feature_{k}", {}).get("count", 0) / max(st.get("feature_l1", {}).get("count", 1), 1))
                  for k in ("l1", "l2", "origin")}
-        fetch_p99 = sum(v for v in p99.values() if v == v)
-        if first is not None and first is not app:  # the other warm window: report it, judge on the worse
-            st1 = first.get("stages", {})
-            first_p99 = sum(v for v in (ms(st1.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")) if v == v)
-        else:
-            first_p99 = NAN
+        fetch_p99, measured = retrieval_p99(app)
+        first_p99 = retrieval_p99(first)[0] if first is not None and first is not app else NAN
+        rel = "=" if measured else "<="  # the whole fetch's histogram, or the sum of the levels' P99s
         hr = app.get("hit_ratio") or {}
         combined = hr.get("combined", NAN)
         judged = max(fetch_p99, first_p99) if first_p99 == first_p99 else fetch_p99
         ok = judged <= 1.0 and combined >= 0.95
-        nr = (s.get("single zipf c=1 (no redis)") or {}).get("stages", {})
-        nr_p99 = sum(v for v in (ms(nr.get("feature_l1"), "p99_s"), ms(nr.get("feature_origin"), "p99_s")) if v == v)
+        nr = s.get("single zipf c=1 (no redis)")
+        nr_p99, nr_measured = retrieval_p99(nr) if nr else (NAN, False)
         out.append({"id": "T4", "what": "feature retrieval in the FeatureRunner: P99 <= 1 ms warm; "
                                         "L1+L2 hit ratio >= 95% on Zipf(1.0), L1 = 10% of features", "pass": ok,
-                    "figure": f"retrieval P99 <= {fetch_p99:.3f} ms (L1 {f(p99['l1'], '{:.3f}')}, "
+                    "figure": f"retrieval P99 {rel} {fetch_p99:.3f} ms (per level: L1 {f(p99['l1'], '{:.3f}')}, "
                               f"L2 {f(p99['l2'], '{:.3f}')} in {share['l2']:.0%} of batches, origin "
                               f"{f(p99['origin'], '{:.3f}')} in {share['origin']:.0%}); hit L1+L2 {combined:.1%} "
                               f"(L1 {hr.get('l1', NAN):.1%}, L2 {hr.get('l2', NAN):.1%}; {app['name']}, "
                               f"{app.get('redis_keys_after', 0):,} rows in Redis)"
-                              + (f"; first warm window: retrieval P99 <= {first_p99:.3f} ms, hit "
+                              + (f"; first warm window: retrieval P99 {rel} {first_p99:.3f} ms, hit "
                                  f"{first['hit_ratio']['combined']:.1%}" if first is not app and first.get("hit_ratio")
                                  else ""),
                     "baseline": "SLO of the design: P99 < 10 ms, hit rate > 90%"
-                                + (f"; without Redis (L1 + memory-mapped origin) retrieval P99 <= {nr_p99:.3f} ms"
-                                   if nr else "")
+                                + (f"; without Redis (L1 + memory-mapped origin) retrieval P99 "
+                                   f"{'=' if nr_measured else '<='} {nr_p99:.3f} ms" if nr else "")
                                 + (f"; a bare MGET of {mget['keys_per_call']} cached rows from the suite process: "
                                    f"P50 {mget['p50_ms']:.2f} ms, P99 {mget['p99_ms']:.2f} ms"
                                    if (mget := res.get("baselines", {}).get("redis_mget", {})).get("calls") else ""),
@@ -233,6 +275,7 @@ def _miss(checks: list[tuple]) -> str:
 # -- plots -----------------------------------------------------------------------------------------
 
 def plot_cdf(res: dict, path: str) -> None:
+    plt = _pyplot()
     s = by_name(res)
     panels = [
         ("single node (100k/1M)", ["single zipf c=1", "single zipf c=8", "single zipf c=32", "single uniform c=1",
@@ -265,6 +308,7 @@ def plot_cdf(res: dict, path: str) -> None:
 
 
 def plot_throughput(res: dict, path: str) -> None:
+    plt = _pyplot()
     s = by_name(res)
     series = {"app (Redis on)": "single zipf c={}", "B1 trivial 3 services": "B1 single c={}",
               "B2 trivial 1 service": "B2 single c={}"}
@@ -318,6 +362,7 @@ def breakdown(row: dict) -> dict[str, float]:
 
 
 def plot_breakdown(res: dict, path: str) -> list[tuple[str, dict[str, float], float]]:
+    plt = _pyplot()
     s = by_name(res)
     names = [n for n in ("single zipf c=1", "single zipf c=8", "single zipf c=32", "single uniform c=1",
                          "single zipf c=1 (no redis)", "cold zipf c=1 (redis)", "bulk 64 zipf c=1",

@@ -1,0 +1,42 @@
+"""The benchmark suite's pooling of interleaved windows and the report's choice of figures."""
+
+import numpy as np
+import pytest
+
+from bench.suite.loadgen import LoadResult
+
+
+def _window(lat_ms, errors=None, elapsed=1.0):
+    return LoadResult("closed", 1, None, 1, np.asarray(lat_ms) / 1e3, errors or {}, 0, elapsed, len(lat_ms))
+
+
+def test_pooled_windows_are_one_sample():
+    a = _window([1.0, 2.0], {"503": 1}, elapsed=2.0)
+    b = _window([3.0], {"503": 2, "exc:Timeout": 1}, elapsed=1.0)
+    s = LoadResult.pooled([a, b]).summary()
+    assert s["ok"] == 3 and s["sent"] == 3
+    assert s["errors"] == {"503": 3, "exc:Timeout": 1} and s["error_count"] == 4
+    assert s["req_per_s"] == pytest.approx(1.0)
+    assert s["max_ms"] == pytest.approx(3.0)
+
+
+def test_targets_prefer_interleaved_windows_and_the_whole_fetch_histogram():
+    from bench.suite import report  # no matplotlib needed until it plots
+    own_app = {"name": "single zipf c=1", "p99_ms": 20.0, "p50_ms": 5.0, "ok": 10}
+    own_b1 = {"name": "B1 single c=1", "p99_ms": 10.0, "p50_ms": 4.0, "ok": 10}
+    rows = {r["name"]: r for r in (own_app, own_b1)}
+    assert report.paired_or_own(rows, "single zipf c=1", "B1 single c=1")[:2] == (own_app, own_b1)
+    windows = [{"p99_ms": 8.0, "req_per_s": 1.0}, {"p99_ms": 9.0, "req_per_s": 1.0}]
+    pa = {"name": "single zipf c=1 (paired)", "group": "paired", "p99_ms": 9.0, "ok": 5, "windows": windows}
+    pb = {"name": "B1 single c=1 (paired)", "group": "paired", "p99_ms": 8.0, "ok": 5,
+          "windows": [{"p99_ms": 8.0, "req_per_s": 1.0}, {"p99_ms": 6.0, "req_per_s": 1.0}]}
+    rows.update({pa["name"]: pa, pb["name"]: pb})
+    app, base, own = report.paired_or_own(rows, "single zipf c=1", "B1 single c=1")
+    assert (app, base, own) == (pa, pb, own_app)
+    note = report.pairing_note(rows, app, base, "single zipf c=1", "B1 single c=1", lambda r: r["p99_ms"])
+    assert "per window pair 1.00-1.50x" in note and "separate windows 2.00x" in note
+
+    levels = {"feature_l1": {"p99_s": 0.0005}, "feature_l2": {"p99_s": 0.001}}
+    assert report.retrieval_p99({"stages": levels}) == (pytest.approx(1.5), False)
+    whole = {**levels, "feature_fetch": {"p99_s": 0.0012}}
+    assert report.retrieval_p99({"stages": whole}) == (pytest.approx(1.2), True)
