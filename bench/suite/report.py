@@ -207,6 +207,15 @@ def top_parts(row: dict | None, k: int = 3) -> str:
     return ", ".join(f"{name} {v:.1f} ms" for name, v in parts)
 
 
+def cpu_extra(app: dict | None, base: dict | None) -> str:
+    """ms of CPU per request each service spends beyond the baseline's (psutil, same run)."""
+    if not app or not base or not app.get("req_per_s") or not base.get("req_per_s"):
+        return ""
+    per = {k: 1e3 * (app["cpu_util"].get(k, 0.0) / app["req_per_s"] - base["cpu_util"].get(k, 0.0) / base["req_per_s"])
+           for k in ("gateway", "feature", "model") if k in app.get("cpu_util", {})}
+    return ", ".join(f"{k} {v:+.2f} ms" for k, v in per.items())
+
+
 def limited_by(res: dict, tg: list[dict]) -> None:
     """Attach a measured 'what limits it' line to each missed target."""
     s = by_name(res)
@@ -221,6 +230,14 @@ def limited_by(res: dict, tg: list[dict]) -> None:
             t["limit"] = (f"mean {app['mean_ms']:.2f} ms vs B1 {b1['mean_ms']:.2f} ms: +{app['mean_ms'] - b1['mean_ms']:.2f} ms, "
                           f"of which sampling+fetch+assemble+forward {work:.2f} ms and the model batcher's wait "
                           f"{parts['model: queue']:.2f} ms (GSAGE_MAX_BATCH_DELAY_MS); largest: {top_parts(app)}")
+            extra = cpu_extra(app, b1)
+            if extra:
+                t["limit"] += f"; CPU per request beyond B1's: {extra}"
+            for svc in ("feature", "model"):
+                prof = res.get("profiles", {}).get(f"{svc}_c1")
+                if prof:
+                    t["limit"] += (f"; {svc} profile at c=1: " + ", ".join(
+                        f"{k} {v:.0%}" for k, v in list(prof["by_component"].items())[:5]))
             d0 = what_if(s, 1)
             if d0:
                 t["limit"] += (f"; {d0['name']}: P99 {d0['p99_ms']:.2f} ms (P50 {d0['p50_ms']:.2f}), model queue "

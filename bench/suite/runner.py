@@ -460,6 +460,12 @@ class Suite:
                                     "feature_c32")
                 if prof:
                     self.results["profiles"]["feature_c32"] = prof
+                # T1's work: what the two runners spend a single-node request on, beyond B1's.
+                for svc in ("feature", "model"):
+                    prof = self.profile(app_r, svc, b.profile, {"name": "single zipf c=1", "concurrency": 1},
+                                        f"{svc}_c1")
+                    if prof:
+                        self.results["profiles"][f"{svc}_c1"] = prof
 
         self.log("-- bulk requests, Redis on")
         for nodes in (64, 256, 1024):
