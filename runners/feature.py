@@ -14,6 +14,7 @@ import logging
 import bentoml
 import numpy as np
 
+from runners import bentoml_timeout_fix
 from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
 from runners.config import runner_service_options, settings
@@ -22,6 +23,8 @@ from runners.metrics import feature_metrics
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.snapshot import load_snapshot
 from runners.wire import BinaryBody
+
+bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 log = logging.getLogger("graphsage.feature")
 

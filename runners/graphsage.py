@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
 
+from runners import bentoml_timeout_fix
 from runners import wire
 from runners.batching import AdaptiveBatcher, BatchStats
 from runners.config import runner_service_options, settings
@@ -28,6 +29,8 @@ from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import model_metrics
 from runners.wire import BinaryBody
+
+bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 log = logging.getLogger("graphsage.model")
 

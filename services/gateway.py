@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runners import bentoml_timeout_fix
 from runners import wire
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
@@ -33,6 +34,8 @@ from services.metrics import gateway_metrics
 from services.prediction import ApiError, PredictionCore
 from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
+
+bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 log = logging.getLogger("graphsage.gateway")
 

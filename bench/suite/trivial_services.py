@@ -18,8 +18,10 @@ import struct
 
 import bentoml
 
-from runners import config
+from runners import bentoml_timeout_fix, config
 from runners.wire import BinaryBody, take_raw_body
+
+bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 # The app's runners' service options, so that B1 differs from the app by the work only.
 RUNNER_OPTIONS = config.runner_service_options(workers=1)

@@ -1,0 +1,50 @@
+"""BentoML's TimeoutMiddleware, patched: no timer outlives its request, the timeout still 504s."""
+
+import asyncio
+
+from runners import bentoml_timeout_fix
+
+
+def _middleware(app, timeout):
+    from bentoml._internal.server.http.traffic import TimeoutMiddleware
+
+    assert bentoml_timeout_fix.install()
+    return TimeoutMiddleware(app, timeout=timeout)
+
+
+async def _fast_app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _slow_app(scope, receive, send):
+    await asyncio.sleep(1.0)
+    await _fast_app(scope, receive, send)
+
+
+def _run(mw, n):
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def go():
+        for _ in range(n):
+            await mw({"type": "http", "path": "/x"}, None, send)
+        await asyncio.sleep(0)  # a cancelled app task unwinds (its own sleep's timer goes)
+        loop = asyncio.get_running_loop()
+        return [h for h in loop._scheduled if not h.cancelled()]  # asyncio's own loop: its timer heap
+
+    return asyncio.run(go()), sent
+
+
+def test_no_timer_outlives_its_request():
+    live, sent = _run(_middleware(_fast_app, timeout=30), 200)
+    assert live == []
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200] * 200
+
+
+def test_a_request_that_does_not_answer_in_time_gets_504():
+    live, sent = _run(_middleware(_slow_app, timeout=0.05), 1)
+    assert live == []
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
