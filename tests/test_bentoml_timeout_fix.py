@@ -1,8 +1,16 @@
 """BentoML's TimeoutMiddleware, patched: no timer outlives its request, the timeout still 504s."""
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from runners import bentoml_timeout_fix
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _middleware(app, timeout):
@@ -48,3 +56,15 @@ def test_a_request_that_does_not_answer_in_time_gets_504():
     live, sent = _run(_middleware(_slow_app, timeout=0.05), 1)
     assert live == []
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
+
+
+@pytest.mark.parametrize("module", ["services.gateway", "runners.feature", "runners.graphsage",
+                                    "bench.suite.trivial_services"])
+def test_every_service_module_installs_the_fix(module):
+    """Importing a service module (what a BentoML worker does first) patches the middleware."""
+    code = (f"import {module}; from bentoml._internal.server.http.traffic import TimeoutMiddleware as T; "
+            "print(T.__call__.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "BENTOML_DO_NOT_TRACK": "true"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "runners.bentoml_timeout_fix"
