@@ -19,7 +19,7 @@ from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
 from runners.config import runner_service_options, settings
 from runners.feature_tensor import FeatureTensor, encode
-from runners.metrics import feature_metrics
+from runners.metrics import feature_metrics, labelled
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.snapshot import load_snapshot
 from runners.wire import BinaryBody
@@ -35,7 +35,7 @@ class FeatureRunner:
         cfg = settings()
         self.snapshot = load_snapshot(cfg.snapshot_tag)
         self.store = build_feature_store(cfg, self.snapshot.features, self.snapshot.tag)
-        self.store.on_fill = feature_metrics().stage.labels(stage="l1_fill").observe
+        self.store.on_fill = labelled(feature_metrics().stage, "l1_fill").observe
         self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.max_nodes_per_request,
                                             cfg.scan_min_targets)
         self.batcher: AdaptiveBatcher[FeatureRequest, FeatureTensor] = AdaptiveBatcher(
@@ -58,24 +58,24 @@ class FeatureRunner:
 
     def _observe(self) -> None:
         m, t = feature_metrics(), self.builder.last
-        m.stage.labels(stage="sample").observe(t.sample_s)
-        m.stage.labels(stage="l1").observe(t.fetch.l1_s)
+        labelled(m.stage, "sample").observe(t.sample_s)
+        labelled(m.stage, "l1").observe(t.fetch.l1_s)
         if t.fetch.l2_s:
-            m.stage.labels(stage="l2").observe(t.fetch.l2_s)
+            labelled(m.stage, "l2").observe(t.fetch.l2_s)
         if t.fetch.origin_s:
-            m.stage.labels(stage="origin").observe(t.fetch.origin_s)
+            labelled(m.stage, "origin").observe(t.fetch.origin_s)
         # The whole retrieval of the batch (L1 + L2 + origin): its P99 is the SLO, and a sum of the
         # levels' P99s would only bound it from above.
-        m.stage.labels(stage="fetch").observe(t.fetch.l1_s + t.fetch.l2_s + t.fetch.origin_s)
-        m.stage.labels(stage="assemble").observe(t.assemble_s)
-        m.lookups.labels(level="l1").inc(t.fetch.l1_hits)
-        m.lookups.labels(level="l2").inc(t.fetch.l2_hits)
-        m.lookups.labels(level="origin").inc(t.fetch.origin_hits)
+        labelled(m.stage, "fetch").observe(t.fetch.l1_s + t.fetch.l2_s + t.fetch.origin_s)
+        labelled(m.stage, "assemble").observe(t.assemble_s)
+        labelled(m.lookups, "l1").inc(t.fetch.l1_hits)
+        labelled(m.lookups, "l2").inc(t.fetch.l2_hits)
+        labelled(m.lookups, "origin").inc(t.fetch.origin_hits)
         m.batch_targets.observe(t.targets)
         if t.fetch.scan:
             m.scans.inc()
-        if self.store.l2 is not None:  # counters live in the level; export the increase
-            errors = self.store.l2.errors
+        if self.store.l2 is not None and self.store.l2.errors != self._l2_errors_seen:
+            errors = self.store.l2.errors  # counters live in the level; export the increase
             m.l2_errors.inc(errors - self._l2_errors_seen)
             self._l2_errors_seen = errors
 

@@ -21,13 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
 
-from runners import bentoml_timeout_fix
-from runners import wire
+from runners import bentoml_timeout_fix, wire
 from runners.batching import AdaptiveBatcher, BatchStats
 from runners.config import runner_service_options, settings
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
-from runners.metrics import model_metrics
+from runners.metrics import labelled, model_metrics
 from runners.wire import BinaryBody
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
@@ -94,7 +93,7 @@ class GraphSAGERunner:
         except IncompatibleInput as exc:
             raise bentoml.exceptions.UnprocessableEntity(str(exc)) from exc
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding))
-        model_metrics().requests.labels(model=result["model"], backend=result["backend"]).inc()
+        labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
         return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "task")})
 

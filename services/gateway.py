@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runners import bentoml_timeout_fix
-from runners import wire
+from runners import bentoml_timeout_fix, wire
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
+from runners.metrics import labelled
 from services.answer import Answer
 from services.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
@@ -124,20 +124,20 @@ class Gateway:
         except RoutingError as exc:
             raise ApiError(400, str(exc)) from exc
         except ApiError as exc:
-            gateway_metrics().requests.labels(model=req.model, outcome=str(exc.status)).inc()
+            labelled(gateway_metrics().requests, req.model, str(exc.status)).inc()
             raise
         finally:
             self._observe_breakers()
         outcome = "degraded" if response.degraded else "ok"
         m = gateway_metrics()
-        m.requests.labels(model=response.model, outcome=outcome).inc()
-        m.latency.labels(model=response.model, outcome=outcome).observe(time.perf_counter() - started)
+        labelled(m.requests, response.model, outcome).inc()
+        labelled(m.latency, response.model, outcome).observe(time.perf_counter() - started)
         return response
 
     def _observe_breakers(self) -> None:
         m = gateway_metrics()
-        m.breaker.labels(dependency="feature-runner").set(self.core.feature_breaker.state_value)
-        m.breaker.labels(dependency="model-runner").set(self.core.model_breaker.state_value)
+        labelled(m.breaker, "feature-runner").set(self.core.feature_breaker.state_value)
+        labelled(m.breaker, "model-runner").set(self.core.model_breaker.state_value)
 
     @bentoml.api(route="/predict", input_spec=PredictRequest, output_spec=None)
     async def predict(self, **params: Any) -> PredictResponse:
