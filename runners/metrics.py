@@ -17,7 +17,7 @@ LATENCY_BUCKETS = (0.0002, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.002, 0.003
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
 def labelled(metric: Any, *values: str) -> Any:
@@ -26,7 +26,7 @@ def labelled(metric: Any, *values: str) -> Any:
     vs 1.39 us for a kept child (multiprocess mode, as BentoML runs it); a request makes ~15 such
     calls across the three services. Label values here are bounded (stages, levels, model tags
     times outcomes), and so is this map."""
-    key = (id(metric), values)
+    key = (metric, values)  # the metric itself, not id(): an id can be reused once freed
     child = _children.get(key)
     if child is None:
         child = _children[key] = metric.labels(*values)
