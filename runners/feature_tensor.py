@@ -75,12 +75,12 @@ class FeatureTensor:
 
 
 def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """A sampled padded tree -> (distinct node ids, level-compacted int32 index into them)."""
-    flat = np.concatenate([t.reshape(-1) for t in tree])
-    real = flat >= 0
-    unique, inverse = np.unique(flat[real], return_inverse=True)
-    positions = np.full(flat.shape, -1, dtype=np.int32)
-    positions[real] = inverse.astype(np.int32)
+    """A sampled padded tree -> (distinct node ids, level-compacted int32 index into them).
+    The ids come in order of first appearance (targets first), not sorted."""
+    from runners.kernels import distinct_positions  # numba: only processes that compact load it
+
+    flat = np.concatenate([t.reshape(-1) for t in tree]).astype(np.int64, copy=False)
+    unique, positions = distinct_positions(flat)
     index, offset, parent_real = [], 0, None
     for t in tree:
         level = positions[offset : offset + t.size]
