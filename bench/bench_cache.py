@@ -7,6 +7,8 @@ ports, writes a random float32 feature matrix to a temporary ``.npy`` and memory
 snapshot, then times, per call of ``--ids`` unique random ids:
 
     L1 get       L1Cache.get_many, all hits
+    L2 MGET      the same command through redis-py's asyncio client and through the lean
+                 connection the L2 reads with (runners/cache/resp.py), side by side
     L2 get       RedisFeatureLevel.get: one MGET (standalone) + decode, all hits
     L2 put       RedisFeatureLevel.put: one EVAL of the SET script
     origin       OriginLevel.get_many: fancy-index gather from the memmap (page cache warm)
@@ -28,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runners.cache import L1Cache, OriginLevel, RedisFeatureLevel, TieredFeatureStore  # noqa: E402
+from runners.cache.resp import pack_command  # noqa: E402
 from tests.redis_servers import RedisCluster3, RedisServer  # noqa: E402
 
 
@@ -73,8 +76,12 @@ async def bench_l2(url: str, label: str, feats: np.ndarray, id_sets: list[np.nda
     lines = []
     if not l2.cluster:
         keys = [l2._keys(ids) for ids in id_sets]
-        lines.append(summary(f"L2 raw MGET [{label}]",
+        lines.append(summary(f"L2 MGET, redis-py [{label}]",
                              await time_async(lambda: l2._client.mget(keys[next(it) % len(keys)]),
+                                              iters)))
+        packed = [pack_command(b"MGET", *k) for k in keys]
+        lines.append(summary(f"L2 MGET, lean conn [{label}]",
+                             await time_async(lambda: l2._reads.execute(packed[next(it) % len(packed)]),
                                               iters)))
     lines.append(summary(f"L2 get [{label}]", await time_async(lambda: l2.get(next_ids()), iters)))
     ids0 = id_sets[0]
