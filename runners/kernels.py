@@ -7,7 +7,8 @@ target) and 0.46 instead of 2.7 ms (256 targets), with bit-for-bit the same samp
 
 Imported lazily (``runners.sampling``, ``runners.feature_tensor.compact``): the gateway imports
 the runner classes for ``bentoml.depends`` and must not load LLVM. Kernels are cached on disk
-(``cache=True``, next to this file or in numba's user cache); ``warm_up()`` loads them at start.
+(``cache=True``, next to this file or in numba's user cache); ``NeighbourhoodBuilder`` runs them
+once at start on the snapshot's own arrays (read-only memory maps are a type of their own).
 """
 
 from __future__ import annotations
@@ -107,12 +108,3 @@ def distinct_positions(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if mark.size < top:  # grows to the largest node id seen; a kernel call restores it to -1
         mark = _mark = np.full(max(top, 2 * mark.size), -1, dtype=np.int32)
     return _distinct_positions(flat, mark)
-
-
-def warm_up() -> None:
-    """Load (or compile) the kernels for the dtypes the services use, off the request path."""
-    indptr = np.array([0, 2, 3, 3], dtype=np.int64)
-    nodes, seeds, out = np.array([0, 2]), np.zeros(2, dtype=np.int64), np.empty((2, 1), dtype=np.int64)
-    for indices in (np.array([1, 2, 0], dtype=np.int32), np.array([1, 2, 0], dtype=np.int64)):
-        sample_level(indptr, indices, nodes, seeds, 1, 0, out)
-    distinct_positions(np.array([3, -1, 1, 3], dtype=np.int64))

@@ -17,7 +17,7 @@ import numpy as np
 from runners.cache.tiered import FetchStats, TieredFeatureStore
 from runners.feature_tensor import FeatureTensor, compact
 from runners.narrowing import to_dtype
-from runners.sampling import random_seed, sample_tree, warm_up
+from runners.sampling import random_seed, sample_tree
 from runners.snapshot import GraphSnapshot
 
 TRANSPORT_DTYPES = ("float32", "float16")
@@ -60,7 +60,9 @@ class NeighbourhoodBuilder:
         self.max_fanout = tuple(int(k) for k in max_fanout)
         self.max_nodes = max_nodes
         self.last = BatchTimings()
-        warm_up()  # load the compiled kernels now, not in the first request
+        # Compile (or load) the kernels for this snapshot's array types now, not in the first
+        # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
+        compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, seed=0))
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
                  dtype: str = "float32", seeds: Sequence[int] | None = None) -> FeatureRequest:

@@ -12,7 +12,7 @@ unchanged, and the same ids, fanout and seed always give the same neighbourhood.
 Why compiled: the numpy version of this loop cost ~60 numpy calls per request whatever its size
 (0.40 ms for one target, 2.7 ms for 256 on this machine); the kernel does the same arithmetic in
 0.04 and 0.46 ms, bit for bit the same samples (``runners/kernels.py``; ``tests/sampling_reference.py``
-is the numpy version, kept as the test oracle). ``warm_up()`` loads the kernels at service start.
+is the numpy version, kept as the test oracle).
 
 Output (``sample_tree``): one array per hop, ``[B]``, ``[B, k1]``, ``[B, k1, k2]`` ..., node ids
 as int64 with ``-1`` as padding; in every row the real neighbours come first.
@@ -94,8 +94,3 @@ def sample_tree(
         layers.append(nxt.reshape(prev.shape + (int(k),)))
         seeds = np.repeat(seeds, int(k))
     return layers
-
-
-def warm_up() -> None:
-    """Load (or compile) the kernels off the request path (at service start)."""
-    _kernels().warm_up()
