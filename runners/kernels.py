@@ -1,11 +1,11 @@
 """The FeatureRunner's compiled inner loops (numba): neighbour sampling and tree compaction.
 
 Both were numpy code whose cost was the number of numpy calls, not the arithmetic: ~60 calls per
-request whatever its size. Compiled, one request's sampling costs 0.04 ms instead of 0.40 (one
-target) and 0.46 instead of 2.7 ms (256 targets), with bit-for-bit the same samples
+request whatever its size. Compiled, one request's sampling costs 0.02-0.04 ms instead of 0.40
+(one target) and 0.23 instead of 2.7 ms (256 targets), with bit-for-bit the same samples
 (``tests/sampling_reference.py`` is the numpy algorithm, the oracle of the tests).
 
-Imported lazily (``runners.sampling``, ``runners.feature_tensor.compact``): the gateway imports
+Imported inside the functions that use it (``runners.sampling``, ``runners.feature_tensor.compact``): the gateway imports
 the runner classes for ``bentoml.depends`` and must not load LLVM. Kernels are cached on disk
 (``cache=True``, next to this file or in numba's user cache); ``NeighbourhoodBuilder`` runs them
 once at start on the snapshot's own arrays (read-only memory maps are a type of their own).

@@ -20,10 +20,8 @@ as int64 with ``-1`` as padding; in every row the real neighbours come first.
 
 from __future__ import annotations
 
-import functools
 import secrets
 from collections.abc import Sequence
-from types import ModuleType
 
 import numpy as np
 
@@ -35,15 +33,6 @@ def random_seed() -> int:
 
 
 Seeds = int | np.ndarray  # one seed for all nodes, or one per node
-
-
-@functools.cache
-def _kernels() -> ModuleType:
-    """The compiled kernels, imported on first use: processes that never sample (the gateway
-    imports the runner classes for ``bentoml.depends``) never load numba."""
-    from runners import kernels
-
-    return kernels
 
 
 def sample_neighbours(
@@ -64,7 +53,11 @@ def sample_neighbours(
             raise ValueError(f"need one seed per node: {seeds.size} vs {nodes.size}")
     else:
         seeds = np.full(nodes.size, int(seed), dtype=np.int64)
-    _kernels().sample_level(indptr, indices, nodes, seeds, int(fanout), int(hop), out)
+    # Imported here: processes that never sample (the gateway imports the runner classes for
+    # ``bentoml.depends``) never load numba.
+    from runners.kernels import sample_level
+
+    sample_level(indptr, indices, nodes, seeds, int(fanout), int(hop), out)
     return out
 
 

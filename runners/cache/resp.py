@@ -1,9 +1,9 @@
 """A lean pipelined Redis connection for the L2 read path: an asyncio Protocol and hiredis.
 
 Why not redis-py here: the L2 read is one ``MGET`` per feature batch, on the request's critical
-path. Through redis-py's asyncio client an ``MGET`` of 140 rows took P50 0.53 / P99 2.1 ms on
-loopback; the same command written to a transport and parsed by hiredis took 0.17 / 0.30 ms
-(``bench/bench_cache.py``). redis-py packs each argument in Python, takes a connection from its
+path. Through redis-py's asyncio client an ``MGET`` of 140 rows took P50 602 / P99 781 us on
+loopback; the same command written to a transport and parsed by hiredis took 204 / 299 us
+(``python bench/bench_cache.py --ids 140 --iters 2000``). redis-py packs each argument in Python, takes a connection from its
 pool under a lock and reads through a StreamReader; here the command is one ``bytes`` and replies
 are parsed as they arrive. Everything else (writes, Cluster, TLS, unix sockets) stays on redis-py.
 
