@@ -115,7 +115,8 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.nda
     Rows stay float16 when every tensor is (the backend widens them, faster than numpy does);
     any other mix becomes float32.
     """
-    features = np.concatenate([t.features for t in tensors])
+    # One tensor (every bulk request): its rows as they arrived, not a copy of ~1.8 MB.
+    features = tensors[0].features if len(tensors) == 1 else np.concatenate([t.features for t in tensors])
     if features.dtype != np.float16:
         features = features.astype(np.float32, copy=False)
     offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
@@ -124,7 +125,7 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.nda
         parts = []
         for t, off in zip(tensors, offsets):
             idx = t.index[depth]
-            rebased = np.where(idx >= 0, idx + np.int32(off), idx)
+            rebased = np.where(idx >= 0, idx + np.int32(off), idx) if off else idx
             if depth and idx.shape[1] < fanout[depth - 1]:
                 rebased = np.pad(rebased, [(0, 0), (0, fanout[depth - 1] - idx.shape[1])], constant_values=-1)
             parts.append(rebased)
