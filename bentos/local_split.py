@@ -155,14 +155,15 @@ class SplitDeployment:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.bento_path, self.state_dir, self.host = Path(bento_path).resolve(), Path(state_dir).resolve(), host
         self.extra_env = dict(env or {})
-        self.feature = Proc("FeatureRunner", feature_port, feature_workers, host=host)
         self.model = Proc("GraphSAGERunner", model_port, model_workers, host=host)
+        self.feature = Proc("FeatureRunner", feature_port, feature_workers, host=host,
+                            depends={"GraphSAGERunner": self.model.url})
         self.gateway = Proc("Gateway", gateway_port, 1, host=host,
                             depends={"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url})
 
     @property
     def procs(self) -> list[Proc]:
-        return [self.feature, self.model, self.gateway]
+        return [self.model, self.feature, self.gateway]
 
     # -- state ------------------------------------------------------------------------------
     def save(self) -> None:

@@ -95,11 +95,19 @@ class Settings:
     rate_limit_per_s: float = 0.0  # 0 = unlimited
     rate_limit_burst: int = 100
     routing_file: str = ""
+    # The gateway's deadline for one FeatureRunner.predict call, the model call inside it included.
     runner_timeout_s: float = 2.0
     coalesce_max_inflight: int = 4  # merged runner calls in flight per gateway worker
     breaker_failures: int = 5
     breaker_reset_s: float = 2.0
     grpc_port: int = 50051
+
+    @property
+    def model_call_timeout_s(self) -> float:
+        """The FeatureRunner's deadline for its model runner call: within the gateway's, so that a
+        slow model runner is reported as such (502 -> 503) rather than as a slow FeatureRunner
+        (-> degraded answers); the last quarter is left to sampling and fetching."""
+        return 0.75 * self.runner_timeout_s
 
 
 def _parse(raw: str, kind: Any) -> Any:

@@ -109,9 +109,10 @@ def padded_nbytes(tree: Sequence[np.ndarray], feature_dim: int, itemsize: int = 
     return int(sum(t.size for t in tree) * feature_dim * itemsize)
 
 
-def encode(ft: FeatureTensor) -> bytes:
+def encode(ft: FeatureTensor, prefix: bytes = b"") -> bytes:
+    """``prefix``: bytes written in front in the same copy (the model runner's request envelope)."""
     arrays = {"features": ft.features, **{f"idx{d}": idx for d, idx in enumerate(ft.index)}}
-    return wire.pack(arrays, {"snapshot": ft.snapshot})
+    return wire.pack(arrays, {"snapshot": ft.snapshot}, prefix)
 
 
 def decode(blob: bytes | bytearray | memoryview) -> FeatureTensor:

@@ -51,9 +51,16 @@ class WireError(ValueError):
 ENVELOPE_MAGIC = b"GSE1"
 
 
-def envelope(options: dict[str, Any], payload: bytes) -> bytes:
+def envelope_head(options: dict[str, Any]) -> bytes:
+    """The envelope's bytes in front of its payload (``pack(..., prefix=)`` writes both at once),
+    padded with JSON white space to a multiple of 8 so that the payload's arrays stay aligned."""
     head = json.dumps(options).encode()
-    return b"".join([ENVELOPE_MAGIC, struct.pack("<I", len(head)), head, payload])
+    head += b" " * (-(len(head) + 8) % _ALIGN)
+    return b"".join([ENVELOPE_MAGIC, struct.pack("<I", len(head)), head])
+
+
+def envelope(options: dict[str, Any], payload: bytes) -> bytes:
+    return envelope_head(options) + payload
 
 
 def open_envelope(body: bytes | bytearray | memoryview) -> tuple[dict[str, Any], memoryview]:
@@ -78,11 +85,13 @@ def _json_header(view: memoryview, magic: bytes, what: str) -> tuple[Any, int]:
         raise WireError(f"bad header of the {what}: {exc}") from exc
 
 
-def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
+def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None, prefix: bytes = b"") -> bytes:
+    """The container; ``prefix`` (e.g. an ``envelope_head``) is written in front of it in the same
+    copy (alignment is relative to the container's start)."""
     header = json.dumps(
         {"meta": meta or {}, "arrays": [{"name": k, "dtype": str(a.dtype), "shape": list(a.shape)} for k, a in arrays.items()]}
     ).encode()
-    parts = [MAGIC, struct.pack("<I", len(header)), header]
+    parts = [prefix, MAGIC, struct.pack("<I", len(header)), header]
     offset = len(MAGIC) + 4 + len(header)
     for a in arrays.values():
         pad = -offset % _ALIGN

@@ -12,21 +12,20 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from http import HTTPStatus
 from typing import Any
 
 import bentoml
-from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runners import bentoml_timeout_fix, wire
+from runners import bentoml_timeout_fix
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
 from runners.metrics import labelled
+from runners.remote import http_error
 from services.answer import Answer
 from services.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
@@ -39,15 +38,7 @@ bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (
 
 log = logging.getLogger("graphsage.gateway")
 
-_ERROR_CLASSES: dict[int, type[BentoMLException]] = {}
 _instance: "Gateway | None" = None
-
-
-def http_error(status: int, message: str) -> BentoMLException:
-    """A BentoML exception that BentoML answers with ``status`` and ``{"error": message}``."""
-    if status not in _ERROR_CLASSES:
-        _ERROR_CLASSES[status] = type(f"Http{status}", (BentoMLException,), {"error_code": HTTPStatus(status)})
-    return _ERROR_CLASSES[status](message)
 
 
 admin_app = Starlette()
@@ -74,9 +65,7 @@ class Gateway:
         self.core = PredictionCore(
             self.routing,
             # Resolved per call: the dependency clients connect only once the worker has started.
-            lambda **kw: self.feature_runner.to_async.features(dtype=cfg.feature_transport_dtype, **kw),
-            lambda tensor, model, embedding: self.model_runner.to_async.infer(
-                wire.envelope({"model": model, "embedding": embedding}, tensor)),
+            lambda **kw: self.feature_runner.to_async.predict(dtype=cfg.feature_transport_dtype, **kw),
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,

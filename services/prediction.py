@@ -1,9 +1,11 @@
 """The gateway's prediction logic, shared by the HTTP and gRPC front ends (no transport here).
 
-route -> FeatureRunner (timeout + breaker) -> GraphSAGERunner (timeout + breaker) -> response.
-When the FeatureRunner is down, the answer is degraded, never an error: each node's last answer
-from this gateway (marked ``stale``) or, for nodes never answered, a null label; when the
-GraphSAGERunner is down, a 503 that clears as soon as it returns.
+route -> FeatureRunner.predict, which samples, fetches and hands the FeatureTensor to the
+GraphSAGERunner itself (the tensor never travels through the gateway) -> response. The gateway
+keeps a breaker per runner: the FeatureRunner's answer says which of the two failed (502: the
+model runner behind it). When the FeatureRunner is down, the answer is degraded, never an error:
+each node's last answer from this gateway (marked ``stale``) or, for nodes never answered, a null
+label; when the GraphSAGERunner is down, a 503 that clears as soon as it returns.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -22,14 +23,15 @@ import numpy as np
 from runners import wire
 from runners.batching import AdaptiveBatcher
 from runners.sampling import random_seed
+from runners.remote import RunnerRejected, UpstreamFailed, failure_reason, rejecting_client_errors
 from services.breaker import BreakerOpen, CircuitBreaker
 from services.answer import Answer, from_wire
 from services.protocol import PredictRequest
 
 log = logging.getLogger("graphsage.gateway")
 
-FeaturesCall = Callable[..., Awaitable[bytes]]
-InferCall = Callable[..., Awaitable[bytes]]
+# FeatureRunner.predict: (node_ids, fanout, seeds, model, embedding) -> the model runner's answer.
+PredictCall = Callable[..., Awaitable[bytes]]
 
 
 class ApiError(Exception):
@@ -42,58 +44,6 @@ class ApiError(Exception):
 
 class Router(Protocol):
     def choose(self, model: str, version: str | None, routing_key: str | None) -> str: ...
-
-
-def remote_status(exc: BaseException) -> int | None:
-    """The HTTP status a dependency answered with, if the exception carries one."""
-    code = getattr(exc, "error_code", None)
-    try:
-        return int(code) if code is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-class RunnerRejected(Exception):
-    """A runner answered 4xx: it is healthy, the input was wrong (not a breaker failure)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    import aiohttp
-
-    return isinstance(exc, (ConnectionError, aiohttp.ClientConnectionError)) and not isinstance(
-        exc, aiohttp.ClientConnectorError)  # refused: the runner is down, no point retrying
-
-
-# A killed worker leaves several pooled keep-alive connections to it; a retry can draw another one
-# before the event loop has seen its close (a 503 in 1 of 4 runs of tests/test_faults.py with one
-# retry). The last retry waits a moment, by which time the dead connections are discarded.
-CONNECTION_RETRY_PAUSES_S = (0.0, 0.02)
-
-
-def rejecting_client_errors(fn: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Wrap a runner call: its 4xx answers raise ``RunnerRejected``, and a connection lost
-    mid-call (a worker killed, a pooled connection closed) is retried: calls are idempotent."""
-
-    async def call(**kwargs: Any) -> bytes:
-        for attempt in range(len(CONNECTION_RETRY_PAUSES_S) + 1):
-            try:
-                return await fn(**kwargs)
-            except Exception as exc:
-                status = remote_status(exc)
-                if status is not None and 400 <= status < 500:
-                    raise RunnerRejected(status, _message(exc)) from exc
-                if attempt < len(CONNECTION_RETRY_PAUSES_S) and _connection_lost(exc):
-                    log.info("runner connection lost (%s); retrying", type(exc).__name__)
-                    await asyncio.sleep(CONNECTION_RETRY_PAUSES_S[attempt])
-                    continue
-                raise
-        raise AssertionError("unreachable")
-
-    return call
 
 
 class StaleAnswers:
@@ -152,12 +102,13 @@ class PredictionCore:
     costs one FeatureRunner call and one GraphSAGERunner call instead of two per request. Each
     request keeps its own seed (``seeds`` per node), so merging changes no answer."""
 
-    def __init__(self, router: Router, features: FeaturesCall, infer: InferCall, feature_breaker: CircuitBreaker,
+    def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
                  model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
                  max_merge_nodes: int = 1024, max_inflight: int = 4) -> None:
+        """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
+        included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         self.router = router
-        self._features = rejecting_client_errors(features)
-        self._infer = rejecting_client_errors(infer)
+        self._predict = rejecting_client_errors(predict)
         self.feature_breaker = feature_breaker
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
@@ -193,29 +144,25 @@ class PredictionCore:
 
     async def _run_group(self, calls: list[_Call]) -> list[Answer | ApiError]:
         first = calls[0]
-        node_ids = [n for c in calls for n in c.req.node_ids]
-        seeds = [c.seed for c in calls for _ in c.req.node_ids]
+        if not self.model_breaker.allow():  # no call at all: the model runner is known down
+            return self._model_unavailable(calls, self.model_breaker.retry_after_s(), "circuit open")
         try:
-            blob = await self.feature_breaker.call(
-                self._features, node_ids=node_ids, fanout=first.req.fanout, seeds=seeds,
-                timeout_s=self.timeout_s, ignore=(RunnerRejected,))
+            packed = await self.feature_breaker.call(
+                self._predict, node_ids=[n for c in calls for n in c.req.node_ids], fanout=first.req.fanout,
+                seeds=[c.seed for c in calls for _ in c.req.node_ids], model=first.tag,
+                embedding=first.req.embedding, timeout_s=self.timeout_s, ignore=(RunnerRejected, UpstreamFailed))
+        except UpstreamFailed as exc:
+            self.model_breaker.record_failure()
+            return self._model_unavailable(calls, 1.0, str(exc).removeprefix("model runner unavailable: "))
         except RunnerRejected as exc:
-            return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
-        except Exception as exc:  # noqa: BLE001 - anything else: the runner is unavailable
-            return [self._degraded(c.tag, c.req, exc) for c in calls]
-        try:
-            packed = await self.model_breaker.call(
-                self._infer, tensor=blob, model=first.tag, embedding=first.req.embedding,
-                timeout_s=self.timeout_s, ignore=(RunnerRejected,))
-        except RunnerRejected as exc:
+            self.model_breaker.release_probe()  # the input was at fault, whichever runner said so
             if exc.status == 404:
                 return [ApiError(404, f"unknown model version {first.tag!r}") for _ in calls]
             return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
-        except Exception as exc:  # noqa: BLE001
-            retry = exc.retry_after_s if isinstance(exc, BreakerOpen) else 1.0
-            log.warning("GraphSAGERunner unavailable: %s", _reason(exc))
-            headers = {"Retry-After": str(max(1, int(np.ceil(retry))))}
-            return [ApiError(503, f"model runner unavailable: {_reason(exc)}", headers) for _ in calls]
+        except Exception as exc:  # noqa: BLE001 - anything else: the FeatureRunner is unavailable
+            self.model_breaker.release_probe()
+            return [self._degraded(c.tag, c.req, exc) for c in calls]
+        self.model_breaker.record_success()
         meta, arrays = wire.unpack(packed)
         out: list[Answer | ApiError] = []
         lo = 0
@@ -227,6 +174,12 @@ class PredictionCore:
             lo = hi
         return out
 
+    @staticmethod
+    def _model_unavailable(calls: list[_Call], retry_after_s: float, reason: str) -> list[Answer | ApiError]:
+        log.warning("GraphSAGERunner unavailable: %s", reason)
+        headers = {"Retry-After": str(max(1, int(np.ceil(retry_after_s))))}
+        return [ApiError(503, f"model runner unavailable: {reason}", headers) for _ in calls]
+
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> Answer:
         reason = f"feature runner unavailable: {_reason(exc)}"
         log.warning(reason)
@@ -234,22 +187,4 @@ class PredictionCore:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, BreakerOpen):
-        return "circuit open"
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return "timeout"
-    return type(exc).__name__
-
-
-def _message(exc: BaseException) -> str:
-    """The runner's own error text: BentoML wraps it as JSON (``[{"error": ...}]``)."""
-    text = str(exc) or type(exc).__name__
-    try:
-        body = json.loads(text)
-        while isinstance(body, list) and body:
-            body = body[0]
-        if isinstance(body, dict) and isinstance(body.get("error"), str):
-            text = body["error"]
-    except ValueError:
-        pass
-    return text[:500]
+    return "circuit open" if isinstance(exc, BreakerOpen) else failure_reason(exc)

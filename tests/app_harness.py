@@ -109,14 +109,16 @@ class Service:
 
 
 class SplitApp:
-    """Gateway + FeatureRunner + GraphSAGERunner as separate processes."""
+    """Gateway -> FeatureRunner -> GraphSAGERunner as separate processes."""
 
     def __init__(self, home: str, env: dict[str, str] | None = None, model_workers: int = 1,
                  log_dir: str | None = None) -> None:
         self.env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
-        self.feature = Service("FeatureRunner", free_port(), self.env, log_dir=log_dir)
+        feature_env = dict(self.env)
         self.env["GSAGE_MODEL_WORKERS"] = str(model_workers)
         self.model = Service("GraphSAGERunner", free_port(), self.env, workers=model_workers, log_dir=log_dir)
+        self.feature = Service("FeatureRunner", free_port(), feature_env, depends={"GraphSAGERunner": self.model.url},
+                               log_dir=log_dir)
         self.gateway = self.gateway_for(self.env)
         self.grpc_port = int(self.env.get("GSAGE_GRPC_PORT", "0"))
 
@@ -125,8 +127,8 @@ class SplitApp:
         return Service("Gateway", free_port(), env, depends=deps, log_dir=None)
 
     def start(self) -> "SplitApp":
-        self.feature.start()
         self.model.start()
+        self.feature.start()
         self.gateway.start()
         return self
 

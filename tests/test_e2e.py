@@ -152,6 +152,26 @@ def test_model_runner_takes_an_envelope_and_rejects_anything_else(app, env):
         assert r.status_code == 400 and "bad FeatureTensor" in r.text, (body, r.status_code, r.text)
 
 
+def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
+    """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor gives the model
+    runner when sent there by hand, and passes the model runner's 404 through."""
+    body = {"node_ids": [3, 9, 3, 3999], "seed": 77, "dtype": "float16"}
+    chained = httpx.post(app.feature.url + "/predict", json={**body, "model": env["v1"]}, timeout=10)
+    assert chained.status_code == 200, chained.text
+    tensor = httpx.post(app.feature.url + "/features", json=body, timeout=10)
+    assert tensor.status_code == 200, tensor.text
+    by_hand = httpx.post(app.model.url + "/infer", content=wire.envelope({"model": env["v1"], "embedding": False},
+                                                                         tensor.content),
+                         headers={"content-type": "application/octet-stream"}, timeout=10)
+    assert by_hand.status_code == 200, by_hand.text
+    (meta, got), (meta_by_hand, want) = wire.unpack(chained.content), wire.unpack(by_hand.content)
+    assert meta == meta_by_hand and meta["model"] == env["v1"] and set(got) == set(want) == {"logits", "probs"}
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    unknown = httpx.post(app.feature.url + "/predict", json={**body, "model": "graphsage:nosuchversion"}, timeout=10)
+    assert unknown.status_code == 404 and "nosuchversion" in unknown.text, unknown.text
+
+
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
     out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 6.0, 32,

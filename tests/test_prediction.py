@@ -1,5 +1,6 @@
 """The gateway's prediction core without BentoML: coalescing, isolation of bad requests, degraded
-answers and 503s, against fake runners."""
+answers and 503s, against a fake FeatureRunner.predict (which, like the real one, relays a model
+runner's failure as 502)."""
 
 import asyncio
 from http import HTTPStatus
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from runners import wire
-from services.breaker import CircuitBreaker
+from runners.remote import UPSTREAM_FAILED
+from services.breaker import BreakerState, CircuitBreaker
 from services.prediction import ApiError, PredictionCore
 from services.protocol import PredictRequest
 
@@ -17,32 +19,30 @@ class Rejected(Exception):
     error_code = HTTPStatus.BAD_REQUEST
 
 
+class UpstreamDown(Exception):
+    error_code = HTTPStatus(UPSTREAM_FAILED)
+
+
 class FakeRunners:
-    """features() packs ids and seeds; infer() derives probabilities from them, so an answer
-    depends only on (node, seed), as the real sampler guarantees."""
+    """predict() derives probabilities from ids and seeds, so an answer depends only on
+    (node, seed), as the real sampler guarantees."""
 
     def __init__(self) -> None:
         self.feature_calls: list[int] = []
-        self.infer_calls = 0
         self.features_down = False
         self.model_down = False
 
-    async def features(self, node_ids, fanout=None, seeds=None):
+    async def predict(self, node_ids, fanout=None, seeds=None, model="m", embedding=False):
         await asyncio.sleep(0.01)
         if self.features_down:
             raise ConnectionRefusedError("down")
         if 999 in node_ids:
             raise Rejected("unknown node ids [999]")
         self.feature_calls.append(len(node_ids))
-        return wire.pack({"ids": np.array(node_ids, np.int64), "seeds": np.array(seeds, np.int64)})
-
-    async def infer(self, tensor, model, embedding=False):
-        await asyncio.sleep(0.01)
         if self.model_down:
-            raise ConnectionRefusedError("down")
-        self.infer_calls += 1
-        _, a = wire.unpack(tensor)
-        logits = np.stack([np.sin(a["ids"] * 1.0 + a["seeds"] % 97 + k) for k in range(3)], 1).astype(np.float32)
+            raise UpstreamDown('[{"error": "model runner unavailable: ClientConnectorError"}]')
+        ids, seeds = np.array(node_ids, np.int64), np.array(seeds, np.int64)
+        logits = np.stack([np.sin(ids * 1.0 + seeds % 97 + k) for k in range(3)], 1).astype(np.float32)
         probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
         return wire.pack({"logits": logits, "probs": probs.astype(np.float32)}, {"model": model, "backend": "fake", "task": "multiclass"})
 
@@ -52,9 +52,9 @@ class OneRoute:
         return version or "graphsage:v1"
 
 
-def core(runners: FakeRunners) -> PredictionCore:
-    return PredictionCore(OneRoute(), runners.features, runners.infer, CircuitBreaker("f", failures=100),
-                          CircuitBreaker("m", failures=100), timeout_s=1.0)
+def core(runners: FakeRunners, model_failures: int = 100) -> PredictionCore:
+    return PredictionCore(OneRoute(), runners.predict, CircuitBreaker("f", failures=100),
+                          CircuitBreaker("m", failures=model_failures, reset_s=60), timeout_s=1.0)
 
 
 def test_concurrent_requests_are_merged_without_changing_answers():
@@ -104,12 +104,35 @@ def test_feature_runner_down_degrades_and_model_runner_down_is_503():
     assert degraded.degraded and first.stale and first.label is not None and second.label is None
     assert first.probabilities and not second.probabilities and not second.stale
     assert error.status == 503 and error.headers["Retry-After"] == "1"
+    assert error.message == "model runner unavailable: ClientConnectorError"
+
+
+def test_a_model_runner_failure_opens_the_model_breaker_not_the_feature_one():
+    runners = FakeRunners()
+    runners.model_down = True
+
+    async def call(c):
+        with pytest.raises(ApiError) as info:
+            await c.predict(PredictRequest(node_ids=[5], seed=1))
+        return info.value
+
+    async def scenario():
+        c = core(runners, model_failures=2)
+        first = [await call(c) for _ in range(2)]
+        calls_before = len(runners.feature_calls)
+        fast = await call(c)  # open: answered without calling the FeatureRunner at all
+        return c, first, fast, calls_before
+
+    c, first, fast, calls_before = asyncio.run(scenario())
+    assert all(e.status == 503 for e in first) and fast.status == 503
+    assert c.model_breaker.state is BreakerState.OPEN and c.feature_breaker.state is BreakerState.CLOSED
+    assert len(runners.feature_calls) == calls_before and int(fast.headers["Retry-After"]) >= 59
 
 
 def test_lost_connections_are_retried_twice_refused_ones_never():
     import aiohttp
 
-    from services.prediction import RunnerRejected, rejecting_client_errors
+    from runners.remote import RunnerRejected, UpstreamFailed, rejecting_client_errors
 
     def flaky(failures: list[BaseException]):
         calls = []
@@ -135,5 +158,9 @@ def test_lost_connections_are_retried_twice_refused_ones_never():
     assert len(calls) == 1
     fn, calls = flaky([Rejected("bad ids")])
     with pytest.raises(RunnerRejected):
+        asyncio.run(rejecting_client_errors(fn)())
+    assert len(calls) == 1
+    fn, calls = flaky([UpstreamDown("model runner unavailable: timeout")])
+    with pytest.raises(UpstreamFailed):
         asyncio.run(rejecting_client_errors(fn)())
     assert len(calls) == 1

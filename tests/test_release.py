@@ -209,10 +209,12 @@ def test_k8s_wiring():
     assert config["GSAGE_ROUTING_FILE"].startswith(mounts["routing"]["mountPath"] + "/")
     assert "subPath" not in mounts["routing"]  # subPath mounts never see ConfigMap updates
     assert config["GSAGE_API_KEYS_FILE"].startswith(mounts["api-keys"]["mountPath"] + "/")
+    depends = {"feature-runner": ["GraphSAGERunner=http://graphsage-runner:3000"], "graphsage-runner": []}
     for name, service in (("feature-runner", "FeatureRunner"), ("graphsage-runner", "GraphSAGERunner")):
         c = by[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
         assert c["args"][:3] == ["start-http-server", "--service-name", service]
-        assert not any(a == "--depends" for a in c["args"])
+        # every dependency named: one left out would be started inside this pod
+        assert [b for a, b in zip(c["args"], c["args"][1:]) if a == "--depends"] == depends[name]
         assert by[("Service", name)]["spec"]["ports"][0]["port"] == 3000
     for d in docs:
         if d["kind"] == "Deployment":

@@ -206,23 +206,24 @@ class Topology:
         return {k: s.memory() for k, s in self.services.items()}
 
 
-def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None,
-             feature: Proc | None = None) -> Topology:
-    """Gateway + FeatureRunner + GraphSAGERunner. A given ``model`` or ``feature`` is shared with
-    (and owned by) another topology: a second gateway tries another configuration of one runner."""
-    shared = frozenset(k for k, v in (("model", model), ("feature", feature)) if v is not None)
-    if feature is None:
-        feature = Proc(APP, "FeatureRunner", home, env, log_dir, label=f"{name}-feature")
+def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None) -> Topology:
+    """Gateway -> FeatureRunner -> GraphSAGERunner (the gateway also calls the model runner for
+    its admin calls). A given ``model`` is shared with (and owned by) another topology: a second
+    FeatureRunner + gateway try another configuration in front of one model runner."""
+    shared = frozenset({"model"}) if model is not None else frozenset()
     if model is None:
         model = Proc(APP, "GraphSAGERunner", home, env, log_dir, label=f"{name}-model")
+    feature = Proc(APP, "FeatureRunner", home, env, log_dir, label=f"{name}-feature",
+                   depends={"GraphSAGERunner": model.url})
     gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway",
                    depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url})
     return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
 
 
 def trivial_app(home: str, log_dir: str) -> Topology:
-    feature = Proc(TRIVIAL, "TrivialFeature", home, {}, log_dir, label="b1-feature")
     model = Proc(TRIVIAL, "TrivialModel", home, {}, log_dir, label="b1-model")
+    feature = Proc(TRIVIAL, "TrivialFeature", home, {}, log_dir, label="b1-feature",
+                   depends={"TrivialModel": model.url})
     gateway = Proc(TRIVIAL, "TrivialGateway", home, {}, log_dir, label="b1-gateway",
                    depends={"TrivialFeature": feature.url, "TrivialModel": model.url})
     return Topology("B1", {"feature": feature, "model": model, "gateway": gateway}, "gateway")

@@ -352,7 +352,7 @@ def plot_throughput(res: dict, path: str) -> None:
 
 
 BREAKDOWN = ("feature: sample", "feature: L1", "feature: L2", "feature: origin", "feature: assemble",
-             "feature: server rest", "model: queue", "model: compute", "model: server rest",
+             "feature: rest + model hop", "model: queue", "model: compute", "model: server rest",
              "gateway: hops + own work", "gateway: BentoML in/out", "client + transport")
 
 
@@ -368,11 +368,12 @@ def breakdown(row: dict) -> dict[str, float]:
                 "feature: assemble": per_batch("feature_assemble")}
     fs, msrv, gc, gs = g("feature_server"), g("model_server"), g("gateway_core"), g("gateway_server")
     out = dict(f_stages)
-    out["feature: server rest"] = fs - sum(f_stages.values())
+    # The FeatureRunner's /predict time holds its call to the model runner (the chain topology).
+    out["feature: rest + model hop"] = fs - sum(f_stages.values()) - msrv
     out["model: queue"] = g("model_queue")
     out["model: compute"] = g("model_compute")
     out["model: server rest"] = msrv - out["model: queue"] - out["model: compute"]
-    out["gateway: hops + own work"] = gc - fs - msrv
+    out["gateway: hops + own work"] = gc - fs
     out["gateway: BentoML in/out"] = gs - gc
     out["client + transport"] = row.get("mean_ms", NAN) - gs
     return {k: (v if v == v else 0.0) for k, v in out.items()}
@@ -576,9 +577,12 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           f"![throughput vs concurrency]({img}throughput_vs_concurrency.png)", "",
           f"![per-stage breakdown]({img}stage_breakdown.png)", "",
           "## Per-stage breakdown (mean ms, from the services' /metrics diffed around each scenario)", "",
-          "Feature stages are means per merged batch (equal to per request at c=1); `server rest` = the runner's "
-          "BentoML request time minus its stages (decode/encode, batcher queue, framework); `gateway: hops + own "
-          "work` = `gateway_request_seconds` minus both runners' server time (HTTP client hops, JSON building); "
+          "Feature stages are means per merged batch (equal to per request at c=1); `feature: rest + model hop` = "
+          "the FeatureRunner's BentoML request time minus its stages and the model runner's request time "
+          "(validation, encoding, batcher queue, framework, its HTTP call to the model runner); `model: server "
+          "rest` = the model runner's request time minus queue and compute (decode, encode, framework); "
+          "`gateway: hops + own work` = `gateway_request_seconds` minus the FeatureRunner's request time (its HTTP "
+          "client hop, JSON building); "
           "`gateway: BentoML in/out` = the gateway's BentoML request time minus `gateway_request_seconds` "
           "(request parsing, response serialisation); `client + transport` = the client's mean minus the "
           "gateway's server time. Under concurrency the batch means and request means differ, so rows need not "

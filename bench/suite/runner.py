@@ -237,7 +237,7 @@ class Suite:
                                       endpoint="/predict")
         if "feature" in after:
             f0, f1 = before["feature"], after["feature"]
-            out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/features")
+            out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/predict")
             for st in STAGES:
                 out[f"feature_{st}"] = d(f0, f1, "feature_stage_seconds", stage=st)
             out["feature_batch_targets"] = d(f0, f1, "feature_batch_targets")
@@ -377,7 +377,7 @@ class Suite:
             alt = 2.0 if default == 0 else 0.0
             self.results["config"]["batch_delay_ms"] = {"default": default, "what_if": alt}
             app_d = procs.real_app(f"app-delay{alt:g}", HOME_100K, {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"},
-                                   self.logs, feature=app_r.services["feature"])
+                                   self.logs)
             topos.append(app_d)
         self.start(*topos)
         g = {"graph": "100k/1M"}
@@ -414,7 +414,9 @@ class Suite:
 
         if app_d is not None:
             alt = self.results["config"]["batch_delay_ms"]["what_if"]
-            self.log(f"-- what-if: GSAGE_MAX_BATCH_DELAY_MS={alt:g} (same FeatureRunner, own model runner + gateway)")
+            self.log(f"-- what-if: GSAGE_MAX_BATCH_DELAY_MS={alt:g} (own services, the same Redis)")
+            self.load(f"warm-up (batch delay {alt:g} ms)", app_d, concurrency=8, duration=b.warmup * 0.3, record=False,
+                      seed=21)
             for c in (1, 32):
                 self.load(f"single zipf c={c} (batch delay {alt:g} ms)", app_d, concurrency=c, duration=b.short,
                           tags={**R, "group": "batch-delay"})

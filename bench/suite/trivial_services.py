@@ -1,12 +1,14 @@
 """Baselines B1 and B2: BentoML services that do no work.
 
-B1: ``TrivialGateway`` composes ``TrivialFeature`` and ``TrivialModel`` with ``bentoml.depends``,
-exactly the topology of the real app (async API, ``await dep.to_async.method(...)``, a bytes blob
-feature -> model sent as the app sends it (one raw ``application/octet-stream`` body, not pickled
-keyword arguments), the runners' service options of the app (``runners.config.runner_service_options``:
-the ``runner_connection`` workaround, no access log, tracing as configured), started split: one
-process per service). The answer has the same shape as ``/predict``'s (one
-entry per node), so the gateway pays comparable JSON costs; the runners only echo a few bytes.
+B1: ``TrivialGateway`` -> ``TrivialFeature`` -> ``TrivialModel`` with ``bentoml.depends``,
+exactly the topology of the real app (the gateway calls the feature service's ``predict``, which
+sends a bytes blob to the model service as the app's FeatureRunner does: one raw
+``application/octet-stream`` body, not pickled keyword arguments; async APIs, ``await
+dep.to_async.method(...)``; the runners' service options of the app
+(``runners.config.runner_service_options``: the ``runner_connection`` workaround, no access log,
+tracing as configured), started split: one process per service). The answer has the same shape
+as ``/predict``'s (one entry per node), so the gateway pays comparable JSON costs; the runners
+only echo a few bytes.
 
 B2: ``TrivialSingle``: one service, the same request and answer, nothing behind it.
 """
@@ -28,16 +30,6 @@ RUNNER_OPTIONS = config.runner_service_options(workers=1)
 TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
 
 
-@bentoml.service(name="TrivialFeature", **RUNNER_OPTIONS)
-class TrivialFeature:
-    def __init__(self) -> None:
-        gc.freeze()
-
-    @bentoml.api
-    async def features(self, node_ids: list[int]) -> BinaryBody:
-        return struct.pack("<I", len(node_ids))
-
-
 @bentoml.service(name="TrivialModel", **RUNNER_OPTIONS)
 class TrivialModel:
     def __init__(self) -> None:
@@ -49,6 +41,18 @@ class TrivialModel:
 
 
 take_raw_body(TrivialModel, "infer")  # as the app's GraphSAGERunner
+
+
+@bentoml.service(name="TrivialFeature", **RUNNER_OPTIONS)
+class TrivialFeature:
+    model = bentoml.depends(TrivialModel)
+
+    def __init__(self) -> None:
+        gc.freeze()
+
+    @bentoml.api
+    async def predict(self, node_ids: list[int]) -> BinaryBody:
+        return await self.model.to_async.infer(struct.pack("<I", len(node_ids)))
 
 
 def _answer(node_ids: list[int]) -> dict:
@@ -66,8 +70,7 @@ class TrivialGateway:
 
     @bentoml.api(route="/predict")
     async def predict(self, node_ids: list[int]) -> dict:
-        blob = await self.feature.to_async.features(node_ids=node_ids)
-        out = await self.model.to_async.infer(blob)
+        out = await self.feature.to_async.predict(node_ids=node_ids)
         assert struct.unpack("<I", out)[0] == len(node_ids)
         return _answer(node_ids)
 
