@@ -541,7 +541,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           "",
           code_line(cfg),
           "",
-          "Set-up: the composed app as separate processes (Gateway, FeatureRunner, GraphSAGERunner; one worker "
+          "Set-up: the composed app as separate processes (Gateway -> FeatureRunner -> GraphSAGERunner; one worker "
           "each, BentoML `start-http-server --depends`, as the container runs them), auth off, no rate limit, "
           f"L1 = 10% of the feature bytes (`GSAGE_L1_BYTES={cfg.get('app_env', {}).get('GSAGE_L1_BYTES', '?')}`), "
           "L2 = a redis-server started by the suite on a free port (or none), fanout [25, 10], ONNX Runtime with 1 "
