@@ -8,6 +8,7 @@ returns ``(logits, probs, embedding)`` as numpy arrays. TensorRT has its slot he
 from __future__ import annotations
 
 import logging
+import os
 from typing import Protocol
 
 import numpy as np
@@ -21,8 +22,9 @@ Outputs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 class Backend(Protocol):
     name: str
+    supports_premean: bool  # takes the premean input (runners.feature_tensor.PREMEAN)
 
-    def run(self, features: np.ndarray, index: list[np.ndarray]) -> Outputs: ...
+    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs: ...
 
 
 class OnnxBackend:
@@ -40,37 +42,48 @@ class OnnxBackend:
                 providers.insert(0, "CUDAExecutionProvider")
             else:
                 log.warning("ONNX Runtime CUDA requested but not available; running on CPU")
-        self.session = ort.InferenceSession(artifacts.onnx_path, sess_options=opts, providers=providers)
-        # The same graph behind a Cast for float16 rows (the default transport): numpy's float16 ->
-        # float32 conversion cost ~3 ms per 256-target batch; ONNX Runtime's is vectorised. Exact.
-        self.session_f16 = ort.InferenceSession(
-            _with_float16_features(artifacts.onnx_path), sess_options=opts, providers=providers)
+        # Per input layout: the graph as exported (float32 rows) and the same graph behind a Cast
+        # for float16 rows (the default transport): numpy's float16 -> float32 conversion cost ~3 ms
+        # per 256-target batch; ONNX Runtime's is vectorised. Exact.
+        graphs = {"levels": artifacts.onnx_path}
+        if os.path.exists(artifacts.onnx_premean_path):
+            graphs["premean"] = artifacts.onnx_premean_path
+        self._sessions = {}
+        for layout, path in graphs.items():
+            self._sessions[layout, np.float32] = ort.InferenceSession(path, sess_options=opts, providers=providers)
+            self._sessions[layout, np.float16] = ort.InferenceSession(
+                _with_float16_inputs(path), sess_options=opts, providers=providers)
+        self.supports_premean = "premean" in graphs
+        self.session = self._sessions["levels", np.float32]
         self.name = "onnx-" + ("cuda" if providers[0].startswith("CUDA") else "cpu")
-        self._index_names = [i.name for i in self.session.get_inputs()[1:]]
 
-    def run(self, features: np.ndarray, index: list[np.ndarray]) -> Outputs:
-        if features.dtype == np.float16:
-            session, feed = self.session_f16, {F16_INPUT: features}
-        else:
-            session, feed = self.session, {"features": features.astype(np.float32, copy=False)}
-        feed.update(zip(self._index_names, index))
+    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs:
+        half = features.dtype == np.float16
+        session = self._sessions["levels" if last_mean is None else "premean", np.float16 if half else np.float32]
+        inputs = [features, *index] + ([] if last_mean is None else [last_mean])
+        if not half:
+            inputs = [a.astype(np.float32, copy=False) if a.dtype.kind == "f" else a for a in inputs]
+        feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
         logits, probs, embedding = session.run(None, feed)
         return logits, probs, embedding
 
 
-F16_INPUT = "features_f16"
+F16_SUFFIX = "_f16"
+FLOAT_INPUTS = ("features", "last_mean")
 
 
-def _with_float16_features(onnx_path: str) -> bytes:
-    """The model with a float16 ``features_f16`` input cast to the float32 ``features`` it had."""
+def _with_float16_inputs(onnx_path: str) -> bytes:
+    """The model with each float32 row input (``features``, ``last_mean``) taken as float16
+    (``<name>_f16``) and cast to the float32 input it had."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(onnx_path)
-    (inp,) = [i for i in model.graph.input if i.name == "features"]
-    inp.name = F16_INPUT
-    inp.type.tensor_type.elem_type = TensorProto.FLOAT16
-    model.graph.node.insert(0, helper.make_node("Cast", [F16_INPUT], ["features"], to=TensorProto.FLOAT))
+    for inp in [i for i in model.graph.input if i.name in FLOAT_INPUTS]:
+        name = inp.name
+        inp.name = name + F16_SUFFIX
+        inp.type.tensor_type.elem_type = TensorProto.FLOAT16
+        model.graph.node.insert(0, helper.make_node("Cast", [inp.name], [name], to=TensorProto.FLOAT))
     return model.SerializeToString()
 
 
@@ -87,12 +100,15 @@ class TorchBackend:
         self.model = DenseGraphSAGE(artifacts.config)
         self.model.load_state_dict(torch.load(artifacts.state_dict_path, weights_only=True), strict=True)
         self.model.eval()
+        self.supports_premean = artifacts.config.aggregator == "mean"
         self.name = "torch-cpu"
 
-    def run(self, features: np.ndarray, index: list[np.ndarray]) -> Outputs:
+    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs:
         torch = self._torch
+        as_tensor = lambda a: torch.from_numpy(a.astype(np.float32, copy=False))  # noqa: E731
         with torch.inference_mode():
-            out = self.model(torch.from_numpy(features.astype(np.float32, copy=False)), *[torch.from_numpy(i) for i in index])
+            out = self.model.run(as_tensor(features), [torch.from_numpy(i) for i in index],
+                                 None if last_mean is None else as_tensor(last_mean))
         return tuple(t.numpy() for t in out)  # type: ignore[return-value]
 
 

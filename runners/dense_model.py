@@ -21,6 +21,12 @@ Semantics per aggregator, equal to PyG on the same sampled tree:
 
 Inputs: ``features [U, F]``, ``idx0 [B]``, then ``idx{d} [S_{d-1}, k_d]`` int32 (-1 = pad).
 Outputs: ``logits [B, C]``, ``probs [B, C]`` (softmax or sigmoid), ``embedding [B, H]``.
+
+The premean input (``PremeanInputs``, mean aggregator only): the last hop arrives aggregated.
+The first layer's mean over a last-level node's neighbours is linear in their raw features, so
+the FeatureRunner sends that mean (``last_mean [S_{L-1}, F]``) instead of the rows and their
+index: ``features`` then holds the rows of levels 0..L-1 only and the index stops at
+``idx{L-1}``. Same function, fewer bytes (the last hop holds most rows) and no gather over them.
 """
 
 from __future__ import annotations
@@ -62,7 +68,10 @@ class DenseSAGELayer(nn.Module):
         return self.aggr_module(nbr)
 
     def forward(self, root: Tensor, nbr: Tensor, mask: Tensor) -> Tensor:
-        return self.lin_l(self.aggregate(nbr, mask)) + self.lin_r(root)
+        return self.combine(root, self.aggregate(nbr, mask))
+
+    def combine(self, root: Tensor, aggregated: Tensor) -> Tensor:
+        return self.lin_l(aggregated) + self.lin_r(root)
 
 
 class DenseGraphSAGE(nn.Module):
@@ -77,11 +86,18 @@ class DenseGraphSAGE(nn.Module):
     def forward(self, features: Tensor, *index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if len(index) != self.cfg.num_layers + 1:
             raise ValueError(f"expected {self.cfg.num_layers + 1} index tensors, got {len(index)}")
+        return self.run(features, index, None)
+
+    def run(self, features: Tensor, index: tuple[Tensor, ...] | list[Tensor],
+            last_mean: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``index`` stops at ``idx{L-1}`` when ``last_mean`` is given (the premean input)."""
         levels = [idx.long() for idx in index]
         masks = [lv >= 0 for lv in levels[1:]]  # masks[d]: neighbours of the real nodes of hop d
         fmasks = [m.to(features.dtype) for m in masks]
-        # Rows of the real nodes of every hop but the last (roots of the first layer).
-        real = [levels[0]] + [lv.reshape(-1)[m.reshape(-1)] for lv, m in zip(levels[1:-1], masks[:-1])]
+        # Rows of the real nodes of every hop but the last (roots of the first layer); with the
+        # premean input the index ends at that hop.
+        inner = levels[1:] if last_mean is not None else levels[1:-1]
+        real = [levels[0]] + [lv.reshape(-1)[m.reshape(-1)] for lv, m in zip(inner, masks)]
         # Padded slot -> row among the next hop's real nodes, or the appended zero row.
         slot_rows = [_slot_rows(m) for m in masks]
         padded_ids = [torch.where(m, lv, features.shape[0]) for lv, m in zip(levels[1:], masks)]
@@ -92,6 +108,9 @@ class DenseGraphSAGE(nn.Module):
         for layer_no, conv in enumerate(self.convs):
             out = []
             for d in range(len(self.convs) - layer_no):
+                if layer_no == 0 and last_mean is not None and d == len(self.convs) - 1:
+                    out.append(conv.combine(h[d], last_mean))
+                    continue
                 if layer_no == 0:
                     nbr = with_zero[padded_ids[d]]
                 else:
@@ -113,3 +132,20 @@ def _slot_rows(mask: Tensor) -> Tensor:
     flat = mask.reshape(-1).long()
     rows = torch.cumsum(flat, 0) - 1
     return torch.where(mask.reshape(-1), rows, flat.sum()).reshape(mask.shape)
+
+
+class PremeanInputs(nn.Module):
+    """The same network with the premean input: ``features, idx0..idx{L-1}, last_mean`` (the
+    exported signature of ``model_premean.onnx``). Mean aggregator only: the mean is linear in
+    the raw features, pool and LSTM are not."""
+
+    def __init__(self, dense: DenseGraphSAGE) -> None:
+        super().__init__()
+        if dense.cfg.aggregator != "mean":
+            raise ValueError(f"the premean input needs the mean aggregator, not {dense.cfg.aggregator!r}")
+        self.dense = dense
+
+    def forward(self, features: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if len(inputs) != self.dense.cfg.num_layers + 1:
+            raise ValueError(f"expected {self.dense.cfg.num_layers} index tensors and last_mean")
+        return self.dense.run(features, inputs[:-1], inputs[-1])

@@ -2,8 +2,8 @@
 
 - ``ModelRegistry``: several ``graphsage:<version>`` loaded at once; hot-load (on an admin call,
   on a routing change, or on the first request naming a stored version) and unload, no restart.
-- ``run_batch``: FeatureTensors of many requests become one tensor computation per version:
-  feature rows are concatenated, indices rebased, smaller fanouts padded up to the model's.
+- ``run_batch``: FeatureTensors of many requests become one tensor computation per version (and
+  layout): feature rows are concatenated, indices rebased, smaller fanouts padded up to the model's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from runners.backends import Backend, load_backend
-from runners.feature_tensor import LAYOUT, FeatureTensor
+from runners.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from runners.model_artifacts import ModelArtifacts, load_artifacts
 
 
@@ -35,12 +35,16 @@ class LoadedModel:
     backend: Backend
     loaded_at: float
 
+    @property
+    def input_layouts(self) -> list[str]:
+        return [LAYOUT, PREMEAN] if getattr(self.backend, "supports_premean", False) else [LAYOUT]
+
     def describe(self) -> dict[str, Any]:
         cfg = self.artifacts.config
         return {"tag": self.artifacts.tag, "backend": self.backend.name, "aggregator": cfg.aggregator,
                 "fanout": list(cfg.fanout), "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes,
                 "task": cfg.task, "graph_snapshot": self.artifacts.metadata.get("graph_snapshot"),
-                "loaded_at": self.loaded_at}
+                "input_layouts": self.input_layouts, "loaded_at": self.loaded_at}
 
 
 @dataclasses.dataclass
@@ -76,12 +80,21 @@ class ModelRegistry:
             if layout != LAYOUT:
                 raise UnknownVersion(f"model {artifacts.tag} was exported for input layout {layout!r}, this runner "
                                      f"serves {LAYOUT!r}: re-export it (python -m training_export train)")
-            if artifacts.tag not in self._models:
-                backend = load_backend(artifacts, self.backend_kind, self.threads)
-                self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())
+            loaded = self._register(artifacts)
             if tag != artifacts.tag:
                 self._aliases[tag] = artifacts.tag
-            return self._models[artifacts.tag]
+            return loaded
+
+    def register(self, artifacts: ModelArtifacts) -> LoadedModel:
+        """Serve these artifacts under their tag (idempotent); ``load`` finds them in the store."""
+        with self._lock:
+            return self._register(artifacts)
+
+    def _register(self, artifacts: ModelArtifacts) -> LoadedModel:
+        if artifacts.tag not in self._models:
+            backend = load_backend(artifacts, self.backend_kind, self.threads)
+            self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())
+        return self._models[artifacts.tag]
 
     def unload(self, tag: str) -> bool:
         with self._lock:
@@ -99,6 +112,9 @@ class ModelRegistry:
 
 def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
     cfg = model.artifacts.config
+    if ft.layout not in model.input_layouts:
+        raise IncompatibleInput(f"{model.artifacts.tag} takes {model.input_layouts}, not a {ft.layout} tensor "
+                                f"(the premean input needs a mean-aggregator model exported with it)")
     if ft.feature_dim != cfg.in_dim:
         raise IncompatibleInput(f"{model.artifacts.tag} expects {cfg.in_dim}-dim features, got {ft.feature_dim}")
     if len(ft.fanout) != len(cfg.fanout):
@@ -107,21 +123,33 @@ def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
         raise IncompatibleInput(f"{model.artifacts.tag} has fanout {list(cfg.fanout)}, the request sampled {list(ft.fanout)}")
 
 
-def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
-    """One batch: concatenated feature rows, rebased indices, each tensor's target span.
+@dataclasses.dataclass
+class Batch:
+    features: np.ndarray
+    index: list[np.ndarray]
+    last_mean: np.ndarray | None
+    bounds: list[int]  # each tensor's targets: [bounds[i], bounds[i + 1])
+
+
+def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
+    """One batch of tensors of one layout: concatenated feature rows, rebased indices (and the
+    premean rows concatenated), each tensor's target span.
 
     Levels concatenate as they are: a level's rows follow the real nodes of the level above in
     order, so per-request blocks stay aligned. A smaller fanout is padded up with -1 columns.
     Rows stay float16 when every tensor is (the backend widens them, faster than numpy does);
     any other mix becomes float32.
     """
+    premean = tensors[0].last_mean is not None
+    if any((t.last_mean is not None) != premean for t in tensors):
+        raise ValueError("a batch holds tensors of one layout")
     # One tensor (every bulk request): its rows as they arrived, not a copy of ~1.8 MB.
     features = tensors[0].features if len(tensors) == 1 else np.concatenate([t.features for t in tensors])
     if features.dtype != np.float16:
         features = features.astype(np.float32, copy=False)
     offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
     index = []
-    for depth in range(len(fanout) + 1):
+    for depth in range(len(tensors[0].index)):
         parts = []
         for t, off in zip(tensors, offsets):
             idx = t.index[depth]
@@ -131,21 +159,26 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> tuple[np.nda
             parts.append(rebased)
         index.append(np.concatenate(parts).astype(np.int32, copy=False))
     bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
-    return features, index, bounds
+    last_mean = None
+    if premean:
+        last_mean = tensors[0].last_mean if len(tensors) == 1 else np.concatenate([t.last_mean for t in tensors])
+        if last_mean.dtype != features.dtype:
+            last_mean = last_mean.astype(features.dtype)
+    return Batch(features, index, last_mean, bounds)
 
 
 def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[str, Any]]:
     """Run every item, one forward pass per model version; results in the order of ``items``."""
-    groups: dict[str, list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, item in enumerate(items):
-        groups[item.model].append(i)
+        groups[item.model, item.tensor.layout].append(i)
     results: list[dict[str, Any]] = [{} for _ in items]
-    for tag, positions in groups.items():
+    for (tag, _), positions in groups.items():
         model = registry.load(tag)
-        features, index, bounds = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
-        logits, probs, embedding = model.backend.run(features, index)
+        batch = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
+        logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.last_mean)
         for n, i in enumerate(positions):
-            lo, hi = bounds[n], bounds[n + 1]
+            lo, hi = batch.bounds[n], batch.bounds[n + 1]
             results[i] = {"model": model.artifacts.tag, "backend": model.backend.name, "task": model.artifacts.config.task,
                           "logits": logits[lo:hi], "probs": probs[lo:hi],
                           **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {})}

@@ -1,4 +1,5 @@
-"""The FeatureRunner's compiled inner loops (numba): neighbour sampling and tree compaction.
+"""The FeatureRunner's compiled inner loops (numba): neighbour sampling, tree compaction and the
+last hop's mean (the premean FeatureTensor).
 
 Both were numpy code whose cost was the number of numpy calls, not the arithmetic: ~60 calls per
 request whatever its size. Compiled, one request's sampling costs 0.02-0.04 ms instead of 0.40
@@ -108,3 +109,23 @@ def distinct_positions(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if mark.size < top:  # grows to the largest node id seen; a kernel call restores it to -1
         mark = _mark = np.full(max(top, 2 * mark.size), -1, dtype=np.int32)
     return _distinct_positions(flat, mark)
+
+
+@njit(cache=True)
+def mean_rows(rows: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` (zeros on entry) = the mean of ``rows[index[i, j]]`` over ``index[i, j] >= 0``,
+    left 0 for none: the dense model's mean aggregation (sum / max(count, 1)), in one pass over
+    the rows instead of a gathered [n, k, F] block."""
+    width = rows.shape[1]
+    for i in range(index.shape[0]):
+        count = 0
+        for j in range(index.shape[1]):
+            r = index[i, j]
+            if r < 0:
+                continue
+            count += 1
+            for x in range(width):
+                out[i, x] += rows[r, x]
+        if count > 1:
+            for x in range(width):
+                out[i, x] /= count

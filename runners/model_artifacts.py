@@ -4,6 +4,8 @@ Layout inside the entry's directory::
 
     model.onnx         the dense served network (inputs: features, idx0..idxL; outputs:
                        logits, probs, embedding), dynamic batch and node counts
+    model_premean.onnx mean aggregator only: the same network with the premean input
+                       (features, idx0..idx{L-1}, last_mean; runners.dense_model.PremeanInputs)
     state_dict.pt      the PyG model's state dict (the dense torch model loads it unchanged)
     config.json        ModelConfig: everything needed to rebuild either model without code
     tensorrt/          TensorRT plans, one per (GPU model, TensorRT version, precision); built by
@@ -23,6 +25,7 @@ from runners.model_config import ModelConfig
 
 MODEL_NAME = "graphsage"
 ONNX_FILE = "model.onnx"
+ONNX_PREMEAN_FILE = "model_premean.onnx"
 STATE_DICT_FILE = "state_dict.pt"
 CONFIG_FILE = "config.json"
 TENSORRT_DIR = "tensorrt"
@@ -38,6 +41,10 @@ class ModelArtifacts:
     @property
     def onnx_path(self) -> str:
         return os.path.join(self.path, ONNX_FILE)
+
+    @property
+    def onnx_premean_path(self) -> str:
+        return os.path.join(self.path, ONNX_PREMEAN_FILE)
 
     @property
     def state_dict_path(self) -> str:

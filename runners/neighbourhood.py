@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runners.cache.tiered import FetchStats, TieredFeatureStore
-from runners.feature_tensor import FeatureTensor, compact
+from runners.feature_tensor import FeatureTensor, compact, premean
 from runners.narrowing import to_dtype
 from runners.sampling import random_seed, sample_tree
 from runners.snapshot import GraphSnapshot
@@ -38,6 +38,7 @@ class FeatureRequest:
     seed: int
     dtype: str = "float32"
     seeds: np.ndarray | None = None  # one per node: several gateway requests merged into one
+    premean: bool = False  # the premean layout (runners.feature_tensor): the last hop as its means
 
 
 @dataclasses.dataclass
@@ -62,10 +63,12 @@ class NeighbourhoodBuilder:
         self.last = BatchTimings()
         # Compile (or load) the kernels for this snapshot's array types now, not in the first
         # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
-        compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, seed=0))
+        unique, index = compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
+                                            seed=0))
+        premean(snapshot.features[unique], index)
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
-                 dtype: str = "float32", seeds: Sequence[int] | None = None) -> FeatureRequest:
+                 dtype: str = "float32", seeds: Sequence[int] | None = None, premean: bool = False) -> FeatureRequest:
         ids = _as_ids(node_ids)
         if ids.size == 0:
             raise InvalidRequest("node_ids is empty")
@@ -91,7 +94,7 @@ class NeighbourhoodBuilder:
                 raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
             per_node = np.asarray(seeds, dtype=np.int64)
         return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype,
-                              per_node)
+                              per_node, bool(premean))
 
     async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         started = time.perf_counter()
@@ -125,7 +128,12 @@ class NeighbourhoodBuilder:
         out = []
         for r, (unique, index) in zip(requests, compacted):
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
-            out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
+            if r.premean:
+                kept, inner, last_mean = premean(feats, index)
+                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, self.snapshot.tag, to_dtype(last_mean, r.dtype),
+                                         int(index[-1].shape[1])))
+            else:
+                out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
         assemble_s = compacted_s + (time.perf_counter() - fetched)
         self.last = BatchTimings(sampled - started, fetch_stats, assemble_s, n_targets, int(all_ids.size))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import Counter
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from runners import wire
+from runners.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from tests.app_harness import SplitApp, build_demo_store, closed_loop, free_port
 from tests.conftest import bentoml_home
@@ -66,7 +68,7 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarra
     import onnxruntime as ort
 
     from runners.config import Settings
-    from runners.feature_tensor import compact
+    from runners.feature_tensor import compact, premean
     from runners.model_artifacts import load_artifacts
     from runners.sampling import sample_tree
     from runners.snapshot import load_snapshot
@@ -75,10 +77,14 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarra
         snap, art = load_snapshot(), load_artifacts(tag)
         tree = sample_tree(snap.indptr, snap.indices, np.array(node_ids), art.config.fanout, seed=seed)
         unique, index = compact(tree)
-        sess = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
+        rows = np.asarray(snap.features[unique], dtype=np.float32)
+        # A mean model gets the premean input (the last hop as its means), as the FeatureRunner sends it.
+        assert os.path.exists(art.onnx_premean_path) and Settings().premean
+        rows, index, last_mean = premean(rows, index)
+        sess = ort.InferenceSession(art.onnx_premean_path, providers=["CPUExecutionProvider"])
         # Rows rounded as the gateway's transport dtype rounds them (float16 by default).
-        rows = np.asarray(snap.features[unique]).astype(Settings().feature_transport_dtype).astype(np.float32)
-        feed = {"features": rows, **{f"idx{d}": i for d, i in enumerate(index)}}
+        narrow = lambda a: a.astype(Settings().feature_transport_dtype).astype(np.float32)  # noqa: E731
+        feed = {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}, "last_mean": narrow(last_mean)}
         return sess.run(["probs"], feed)[0]
 
 
@@ -153,13 +159,16 @@ def test_model_runner_takes_an_envelope_and_rejects_anything_else(app, env):
 
 
 def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
-    """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor gives the model
-    runner when sent there by hand, and passes the model runner's 404 through."""
+    """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor (premean: the
+    demo model is a mean model) gives the model runner when sent there by hand, and passes the
+    model runner's 404 through."""
     body = {"node_ids": [3, 9, 3, 3999], "seed": 77, "dtype": "float16"}
     chained = httpx.post(app.feature.url + "/predict", json={**body, "model": env["v1"]}, timeout=10)
     assert chained.status_code == 200, chained.text
-    tensor = httpx.post(app.feature.url + "/features", json=body, timeout=10)
+    tensor = httpx.post(app.feature.url + "/features", json={**body, "premean": True}, timeout=10)
     assert tensor.status_code == 200, tensor.text
+    full = httpx.post(app.feature.url + "/features", json=body, timeout=10)
+    assert len(full.content) > len(tensor.content) and decode(tensor.content).layout == PREMEAN
     by_hand = httpx.post(app.model.url + "/infer", content=wire.envelope({"model": env["v1"], "embedding": False},
                                                                          tensor.content),
                          headers={"content-type": "application/octet-stream"}, timeout=10)

@@ -3,7 +3,17 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from runners import wire
-from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode, padded_nbytes, to_padded
+from runners.feature_tensor import (
+    PREMEAN,
+    FeatureTensor,
+    FeatureTensorError,
+    compact,
+    decode,
+    encode,
+    padded_nbytes,
+    premean,
+    to_padded,
+)
 from runners.sampling import sample_tree
 from tests.graphs import small_graph
 
@@ -42,6 +52,54 @@ def test_round_trip(dtype):
     np.testing.assert_array_equal(back.features, ft.features)
     for a, b in zip(back.index, ft.index):
         np.testing.assert_array_equal(a, b)
+
+
+def _premean_tensor(dtype=np.float32):
+    g, tree, ft = _tensor()
+    rows, inner, last_mean = premean(ft.features, ft.index)
+    return g, tree, ft, FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_mean.astype(dtype), 10)
+
+
+def test_premean_keeps_the_inner_levels_and_averages_the_last():
+    g, tree, ft, pm = _premean_tensor()
+    pm.validate()
+    assert pm.layout == PREMEAN and pm.fanout == (25, 10) and len(pm.index) == 2
+    # the kept rows are exactly the nodes of levels 0..1, as a prefix of the full rows
+    unique, _ = compact(tree)
+    assert set(unique[: pm.features.shape[0]]) == set(np.concatenate([tree[0], tree[1][tree[1] >= 0]]))
+    np.testing.assert_array_equal(pm.features, ft.features[: pm.features.shape[0]])
+    # per real hop-1 node (row-major): the mean of its sampled hop-2 rows, 0 for none
+    hop1 = tree[1].reshape(-1)
+    hop2 = tree[2].reshape(hop1.size, -1)[hop1 >= 0]
+    want = np.stack([g.features[r[r >= 0]].mean(0) if (r >= 0).any() else np.zeros(g.feature_dim) for r in hop2])
+    np.testing.assert_allclose(pm.last_mean, want, rtol=1e-6, atol=1e-6)
+    assert pm.nbytes() < 0.8 * ft.nbytes()  # on the small test graph; ~2.5x fewer rows on the demo graph
+    # a node without neighbours (a directed graph's sink) averages to 0, as the dense model's mean
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    i32 = lambda a: np.array(a, dtype=np.int32)  # noqa: E731
+    kept, inner, means = premean(rows, [i32([0]), i32([[1, 0]]), i32([[2, 3], [-1, -1]])])
+    np.testing.assert_array_equal(means, [[7.5, 8.5, 9.5], [0, 0, 0]])
+    assert kept.shape[0] == 2 and len(inner) == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_premean_round_trip_and_rejections(dtype):
+    *_, pm = _premean_tensor(dtype)
+    back = decode(encode(pm))
+    assert back.layout == PREMEAN and back.fanout == pm.fanout and back.last_fanout == 10
+    np.testing.assert_array_equal(back.last_mean, pm.last_mean)
+    np.testing.assert_array_equal(back.features, pm.features)
+    with pytest.raises(FeatureTensorError, match="one row per real node"):
+        FeatureTensor(pm.features, pm.index, last_mean=pm.last_mean[:-1], last_fanout=10).validate()
+    with pytest.raises(FeatureTensorError, match="last hop's fanout"):
+        FeatureTensor(pm.features, pm.index, last_mean=pm.last_mean).validate()
+    arrays = {"features": pm.features, "idx0": pm.index[0], "idx1": pm.index[1]}
+    with pytest.raises(FeatureTensorError, match="carries last_mean"):  # premean declared, no means sent
+        decode(wire.pack(arrays, {"layout": PREMEAN, "last_fanout": 10}))
+    with pytest.raises(FeatureTensorError, match="dtype of features"):
+        decode(wire.pack({**arrays, "last_mean": pm.last_mean.astype(np.float64 if dtype == np.float32 else np.float32)
+                          .astype(np.float32 if dtype == np.float16 else np.float16)},
+                         {"layout": PREMEAN, "last_fanout": 10}))
 
 
 def test_rejects_inconsistent_tensors():

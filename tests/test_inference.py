@@ -19,7 +19,7 @@ import torch
 
 from runners import wire
 from runners.batching import AdaptiveBatcher
-from runners.feature_tensor import FeatureTensor, FeatureTensorError, compact, decode, encode
+from runners.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, compact, decode, encode, premean
 from runners.inference import (
     IncompatibleInput,
     InferenceItem,
@@ -161,6 +161,42 @@ def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
         np.testing.assert_allclose(out["embedding"], alone["embedding"], atol=1e-5)
         want_logits, _ = pyg_forward(aggregator, tree)  # PyG on the unpadded tree
         assert_close_same_argmax(out["logits"], want_logits)
+
+
+def as_premean(ft: FeatureTensor, dtype=np.float32) -> FeatureTensor:
+    rows, inner, last_mean = premean(ft.features, ft.index)
+    return FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_mean.astype(dtype), ft.fanout[-1])
+
+
+def test_premean_input_gives_the_full_rows_answer(model_store):
+    """A mean model takes the last hop as its means (ONNX and torch): the same answers as the
+    full rows, alone and merged with full-row and premean items, smaller fanouts padded up;
+    float16 premean moves probabilities by rounding only."""
+    g = small_graph()
+    tag = save("mean")
+    hubs = np.argsort(-g.degrees(), kind="stable")
+    full = [feature_tensor(t, f, s)[0] for t, f, s in [(parity_targets(g, 40, seed=2), (25, 10), 1),
+                                                        (hubs[:9], (10, 4), 2), (np.arange(50, 60), (25, 10), 3)]]
+    for backend in ("onnx", "torch"):
+        registry = ModelRegistry(backend)
+        assert registry.load(tag).input_layouts == [LAYOUT, PREMEAN]
+        want = run_batch(registry, [InferenceItem(tag, ft, want_embedding=True) for ft in full])
+        mixed = [InferenceItem(tag, as_premean(ft) if i != 1 else ft, want_embedding=True) for i, ft in enumerate(full)]
+        for items in ([InferenceItem(tag, as_premean(ft), want_embedding=True) for ft in full], mixed):
+            for got, w in zip(run_batch(registry, items), want):
+                np.testing.assert_allclose(got["logits"], w["logits"], atol=1e-5)
+                np.testing.assert_allclose(got["embedding"], w["embedding"], atol=1e-5)
+        (half,) = run_batch(registry, [InferenceItem(tag, decode(encode(as_premean(full[0], np.float16))))])
+        assert 0 < np.abs(half["probs"] - want[0]["probs"]).max() <= 5e-3
+
+
+def test_a_premean_tensor_is_refused_by_a_model_without_that_input(model_store):
+    tag = save("pool")
+    loaded = ModelRegistry("onnx").load(tag)
+    assert loaded.input_layouts == [LAYOUT] and loaded.describe()["input_layouts"] == [LAYOUT]
+    ft, _ = feature_tensor([1, 2, 3])
+    with pytest.raises(IncompatibleInput, match="premean"):
+        check_compatible(loaded, as_premean(ft))
 
 
 def test_mixed_version_batch_is_split_by_version(model_store):

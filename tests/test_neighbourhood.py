@@ -13,7 +13,7 @@ import pytest
 
 from runners.cache.tiered import build_feature_store
 from runners.config import Settings
-from runners.feature_tensor import FeatureTensor, decode, encode, to_padded
+from runners.feature_tensor import PREMEAN, FeatureTensor, decode, encode, premean, to_padded
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.sampling import PAD, sample_tree
 from tests.graphs import small_graph
@@ -257,6 +257,25 @@ def test_merged_batch_equals_each_request_alone(graph):
     reordered = build(make_builder(graph), requests[::-1])[::-1]
     for a, b in zip(merged, reordered):
         assert_same_tensor(a, b)
+
+
+def test_premean_requests_get_the_full_tensor_premeaned_in_merged_batches_too(graph):
+    cases = merge_cases(graph)
+    b = make_builder(graph)
+    requests = [b.validate(ids, fanout=f, seed=s, dtype=d, premean=i % 2 == 0) for i, (ids, f, s, d) in enumerate(cases)]
+    for i, (req, got) in enumerate(zip(requests, build(b, requests))):
+        ids, f, s, d = cases[i]
+        full = build_one(make_builder(graph), ids, fanout=f, seed=s)  # float32 rows
+        if not req.premean:
+            assert got.layout != PREMEAN
+            continue
+        rows, inner, last_mean = premean(full.features, full.index)
+        assert got.layout == PREMEAN and got.fanout == full.fanout and got.features.dtype == np.dtype(d)
+        np.testing.assert_array_equal(got.features, rows.astype(d))
+        np.testing.assert_array_equal(got.last_mean, last_mean.astype(d))
+        for a, w in zip(got.index, inner):
+            np.testing.assert_array_equal(a, w)
+        assert decode(encode(got)).layout == PREMEAN
 
 
 def test_shared_nodes_are_fetched_once(graph):

@@ -87,10 +87,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
     """Train each aggregator briefly and check the served form against PyG."""
-    import os
     import tempfile
 
-    from training_export.export import check_parity, export_onnx, to_dense
+    from training_export.export import check_parity, export_all, to_dense
     from training_export.train import TrainSpec, train_graphsage
 
     snapshot = load_snapshot(args.snapshot) if args.snapshot else generate(_spec(args), progress=False)
@@ -101,8 +100,9 @@ def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
                                    TrainSpec(epochs=1, max_train_nodes=args.max_train_nodes or 4096, eval_nodes=512),
                                    progress=False)
         with tempfile.TemporaryDirectory() as tmp:
-            path = export_onnx(to_dense(model), os.path.join(tmp, "m.onnx"))
-            rows[aggregator] = check_parity(model, path, snapshot, count=args.targets)
+            paths = export_all(to_dense(model), tmp)
+            rows[aggregator] = check_parity(model, paths[0], snapshot, count=args.targets,
+                                            premean_path=(paths[1:] or [None])[0])
         _log(f"{aggregator:5s} max|diff| torch={rows[aggregator]['max_abs_diff_torch']:.2e} "
              f"onnx={rows[aggregator]['max_abs_diff_onnx']:.2e} argmax_equal={rows[aggregator]['argmax_equal']}")
     return {"parity": rows, "passed": all(r["passed"] for r in rows.values())}

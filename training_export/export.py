@@ -1,4 +1,5 @@
-"""Export: PyG model -> dense served model -> ONNX, parity check, save ``graphsage:<version>``.
+"""Export: PyG model -> dense served model -> ONNX (and, for the mean aggregator, the graph with
+the premean input), parity check, save ``graphsage:<version>``.
 
 Parity runs the PyG model, the dense torch model and ONNX Runtime on the same sampled
 neighbourhoods and requires max |logit difference| <= 1e-4 and identical argmax.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from typing import Any
@@ -15,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from runners.dense_model import DenseGraphSAGE
-from runners.feature_tensor import LAYOUT, compact
-from runners.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, STATE_DICT_FILE, TENSORRT_DIR
+from runners.dense_model import DenseGraphSAGE, PremeanInputs
+from runners.feature_tensor import LAYOUT, PREMEAN, compact, premean
+from runners.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, ONNX_PREMEAN_FILE, STATE_DICT_FILE, TENSORRT_DIR
 from runners.model_config import ModelConfig
 from runners.sampling import sample_tree
 from runners.snapshot import GraphSnapshot
@@ -37,24 +39,41 @@ def to_dense(model: PygGraphSAGE) -> DenseGraphSAGE:
     return dense.eval()
 
 
-def export_onnx(dense: DenseGraphSAGE, path: str) -> str:
+def export_onnx(dense: DenseGraphSAGE, path: str, premean: bool = False) -> str:
+    """The served graph; ``premean``: with the premean input (``PremeanInputs``, mean only)."""
     cfg = dense.cfg
-    index_names = [f"idx{d}" for d in range(cfg.num_layers + 1)]
+    levels = cfg.num_layers if premean else cfg.num_layers + 1
+    index_names = [f"idx{d}" for d in range(levels)]
     # All-real example levels: level d has one row per slot of level d-1.
-    example_index, rows = [torch.zeros(2, dtype=torch.int32)], 2
-    for k in cfg.fanout:
-        example_index.append(torch.zeros(rows, k, dtype=torch.int32))
+    example, rows = [torch.zeros(2, dtype=torch.int32)], 2
+    for k in cfg.fanout[: levels - 1]:
+        example.append(torch.zeros(rows, k, dtype=torch.int32))
         rows *= k
+    names = ["features", *index_names]
     dynamic = {"features": {0: "num_rows"}, **{n: {0: f"rows_{n}"} for n in index_names},
                "logits": {0: "batch"}, "probs": {0: "batch"}, "embedding": {0: "batch"}}
+    module: torch.nn.Module = dense
+    if premean:
+        module = PremeanInputs(dense)
+        example.append(torch.zeros(rows, cfg.in_dim))
+        names.append("last_mean")
+        dynamic["last_mean"] = {0: "rows_last_mean"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LSTM batch-size warnings of the TorchScript exporter
         torch.onnx.export(
-            dense, (torch.zeros(4, cfg.in_dim), *example_index), path, dynamo=False, opset_version=OPSET,
-            input_names=["features", *index_names], output_names=["logits", "probs", "embedding"],
-            dynamic_axes=dynamic,
+            module, (torch.zeros(4, cfg.in_dim), *example), path, dynamo=False, opset_version=OPSET,
+            input_names=names, output_names=["logits", "probs", "embedding"], dynamic_axes=dynamic,
         )
     return path
+
+
+def export_all(dense: DenseGraphSAGE, directory: str) -> list[str]:
+    """Every served graph of the model into ``directory``: ``model.onnx`` and, for the mean
+    aggregator, ``model_premean.onnx``."""
+    paths = [export_onnx(dense, os.path.join(directory, ONNX_FILE))]
+    if dense.cfg.aggregator == "mean":
+        paths.append(export_onnx(dense, os.path.join(directory, ONNX_PREMEAN_FILE), premean=True))
+    return paths
 
 
 def parity_targets(snapshot: GraphSnapshot, count: int, seed: int) -> np.ndarray:
@@ -66,8 +85,9 @@ def parity_targets(snapshot: GraphSnapshot, count: int, seed: int) -> np.ndarray
 
 
 def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, count: int = 256,
-                 seed: int = 0) -> dict[str, Any]:
-    """PyG vs dense torch vs ONNX Runtime on the same sampled trees."""
+                 seed: int = 0, premean_path: str | None = None) -> dict[str, Any]:
+    """PyG vs dense torch vs ONNX Runtime on the same sampled trees; ``premean_path``: also the
+    graph with the premean input, fed as the FeatureRunner feeds it (``feature_tensor.premean``)."""
     import onnxruntime as ort
 
     model = model.eval()
@@ -91,13 +111,23 @@ def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, c
                              and (ref_np.argmax(1) == dense_logits.numpy().argmax(1)).all()),
         "tolerance": PARITY_TOLERANCE,
     }
-    result["passed"] = bool(result["argmax_equal"] and max(result["max_abs_diff_torch"], result["max_abs_diff_onnx"]) <= PARITY_TOLERANCE)
+    diffs = [result["max_abs_diff_torch"], result["max_abs_diff_onnx"]]
+    if premean_path is not None:
+        rows, inner, last_mean = premean(feats, index)
+        session = ort.InferenceSession(premean_path, providers=["CPUExecutionProvider"])
+        feed = {"features": rows, **{f"idx{d}": idx for d, idx in enumerate(inner)}, "last_mean": last_mean}
+        premean_logits = session.run(["logits"], feed)[0]
+        result["max_abs_diff_onnx_premean"] = float(np.abs(ref_np - premean_logits).max())
+        result["argmax_equal"] = bool(result["argmax_equal"] and (ref_np.argmax(1) == premean_logits.argmax(1)).all())
+        diffs.append(result["max_abs_diff_onnx_premean"])
+    result["passed"] = bool(result["argmax_equal"] and max(diffs) <= PARITY_TOLERANCE)
     return result
 
 
 def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], parity: dict[str, Any],
-               onnx_path: str | None = None, labels: dict[str, str] | None = None) -> str:
-    """Write ``graphsage:<version>`` (ONNX, state dict, config, metadata); refuses failed parity."""
+               onnx_dir: str | None = None, labels: dict[str, str] | None = None) -> str:
+    """Write ``graphsage:<version>`` (ONNX graphs, state dict, config, metadata); refuses failed
+    parity. ``onnx_dir``: the checked graphs (``export_all``'s), exported afresh when None."""
     import bentoml
 
     if not parity.get("passed"):
@@ -106,7 +136,8 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
     meta = {"config": cfg.to_dict(), "aggregator": cfg.aggregator, "fanout": list(cfg.fanout),
             "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes, "task": cfg.task,
             "graph_snapshot": snapshot_tag, "metrics": metrics, "parity": parity,
-            "tensorrt_engines": {}, "input_layout": LAYOUT}
+            "tensorrt_engines": {}, "input_layout": LAYOUT,
+            "input_layouts": [LAYOUT, PREMEAN] if cfg.aggregator == "mean" else [LAYOUT]}
     with bentoml.models.create(
         MODEL_NAME,
         labels={"aggregator": cfg.aggregator, "task": cfg.task, **(labels or {})},
@@ -115,12 +146,12 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
         torch.save(model.state_dict(), os.path.join(entry.path, STATE_DICT_FILE))
         with open(os.path.join(entry.path, CONFIG_FILE), "w") as f:
             json.dump(cfg.to_dict(), f, indent=2)
-        target = os.path.join(entry.path, ONNX_FILE)
-        if onnx_path:
-            with open(onnx_path, "rb") as src, open(target, "wb") as dst:
-                dst.write(src.read())
+        if onnx_dir:
+            for name in (ONNX_FILE, ONNX_PREMEAN_FILE):
+                if os.path.exists(os.path.join(onnx_dir, name)):
+                    shutil.copyfile(os.path.join(onnx_dir, name), os.path.join(entry.path, name))
         else:
-            export_onnx(to_dense(model), target)
+            export_all(to_dense(model), entry.path)
         os.makedirs(os.path.join(entry.path, TENSORRT_DIR), exist_ok=True)
     return str(entry.tag)
 
@@ -129,7 +160,7 @@ def export_and_verify(model: PygGraphSAGE, snapshot: GraphSnapshot, metrics: dic
                       parity_count: int = 256) -> tuple[str, dict[str, Any]]:
     """ONNX export + parity + save; returns (model tag, parity result)."""
     with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = export_onnx(to_dense(model), os.path.join(tmp, ONNX_FILE))
-        parity = check_parity(model, onnx_path, snapshot, count=parity_count)
-        tag = save_model(model, snapshot.tag, metrics, parity, onnx_path=onnx_path)
+        paths = export_all(to_dense(model), tmp)
+        parity = check_parity(model, paths[0], snapshot, count=parity_count, premean_path=(paths[1:] or [None])[0])
+        tag = save_model(model, snapshot.tag, metrics, parity, onnx_dir=tmp)
     return tag, parity

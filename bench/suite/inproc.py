@@ -1,7 +1,8 @@
 """Baselines B3 and B4: the whole job in one Python process, no HTTP, no serialisation.
 
 B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate + sample_tree +
-    tiered feature fetch, L1 holding every row after the first pass, no Redis) ->
+    tiered feature fetch, L1 holding every row after the first pass, no Redis; the premean
+    tensor when the model takes it, as the served FeatureRunner sends) ->
     ``runners.inference.run_batch`` (merge + ONNX Runtime, 1 intra-op thread, as served).
     Also without L1 (``b3_no_l1``: rows gathered from the memory-mapped snapshot).
 B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
@@ -50,6 +51,7 @@ def main() -> None:
     from bench.suite.workload import Zipf
     from runners.cache.tiered import build_feature_store
     from runners.config import Settings
+    from runners.feature_tensor import PREMEAN
     from runners.inference import InferenceItem, ModelRegistry, run_batch
     from runners.neighbourhood import NeighbourhoodBuilder
     from runners.sampling import sample_tree
@@ -74,18 +76,20 @@ def main() -> None:
     zipf = Zipf(snap.num_nodes, a.seed)
     loop = asyncio.new_event_loop()
     rng = np.random.default_rng(a.seed)
-    out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "num_nodes": snap.num_nodes,
+    premean = PREMEAN in loaded.input_layouts and settings.premean
+    out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "b3_premean": premean,
+                 "num_nodes": snap.num_nodes,
                  "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0, "b3": {}, "b4": {},
                  "b4_threads_all": {}, "b3_no_l1": {}}
 
     def b3(ids: np.ndarray) -> np.ndarray:
-        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)))
+        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)), premean=premean)
         (ft,) = loop.run_until_complete(builder.build([req]))
         (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
         return res["probs"]
 
     def b3_bare(ids: np.ndarray) -> np.ndarray:
-        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)))
+        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)), premean=premean)
         (ft,) = loop.run_until_complete(bare.build([req]))
         (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
         return res["probs"]

@@ -1,0 +1,101 @@
+"""The premean FeatureTensor against full rows, in-process (prints numbers, never asserts).
+
+    BENTOML_HOME=/tmp/gsage-bench-home python bench/bench_premean.py [--budget 1.5] [--sizes 1,16,64,256]
+
+On the graph snapshot and mean model of the BentoML store (``make demo-model``), fanout [25, 10],
+Zipf(1.0) targets, float16 transport, 1 thread. For each batch size, both layouts measured side by
+side on the same requests:
+
+- bytes of the encoded FeatureTensor;
+- FeatureRunner side: ``NeighbourhoodBuilder.build`` (L1 holding every row) + ``encode``;
+- model runner side: ``decode`` + ``run_batch`` (ONNX Runtime, 1 intra-op thread);
+- the largest difference of the probabilities between the two layouts.
+
+The model's graphs are exported afresh from its state dict into a temporary directory, so a
+model stored before the premean graph existed is measured too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench.suite.workload import Zipf, time_calls  # noqa: E402
+from runners.cache.tiered import build_feature_store  # noqa: E402
+from runners.config import Settings  # noqa: E402
+from runners.feature_tensor import decode, encode  # noqa: E402
+from runners.inference import InferenceItem, ModelRegistry, run_batch  # noqa: E402
+from runners.model_artifacts import ONNX_PREMEAN_FILE, load_artifacts  # noqa: E402
+from runners.neighbourhood import NeighbourhoodBuilder  # noqa: E402
+from runners.snapshot import load_snapshot  # noqa: E402
+from training_export.export import export_all, to_dense  # noqa: E402
+from training_export.pyg_model import PygGraphSAGE  # noqa: E402
+
+
+def _registry_with_fresh_graphs(tmp: str) -> tuple[ModelRegistry, str]:
+    """The stored model with both graphs exported now into ``tmp`` (artifacts pointed there)."""
+    art = load_artifacts("graphsage:latest")
+    if art.config.aggregator != "mean":
+        sys.exit(f"{art.tag} uses the {art.config.aggregator} aggregator; the premean input is for mean models")
+    pyg = PygGraphSAGE(art.config)
+    pyg.load_state_dict(torch.load(art.state_dict_path, weights_only=True), strict=True)
+    export_all(to_dense(pyg.eval()), tmp)
+    for name in ("state_dict.pt", "config.json"):
+        os.symlink(os.path.join(art.path, name), os.path.join(tmp, name))
+    assert os.path.exists(os.path.join(tmp, ONNX_PREMEAN_FILE))
+    registry = ModelRegistry("onnx", 1)
+    registry.register(dataclasses.replace(art, path=tmp))
+    return registry, art.tag
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget", type=float, default=1.5, help="seconds per measurement")
+    p.add_argument("--sizes", default="1,16,64,256")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    snap = load_snapshot("graph-snapshot:latest")
+    with tempfile.TemporaryDirectory() as tmp:
+        registry, tag = _registry_with_fresh_graphs(tmp)
+        settings = Settings(l1_bytes=snap.num_nodes * (snap.feature_dim * 4 + 256), redis_url="")
+        store = build_feature_store(settings, snap.features, snap.tag)
+        builder = NeighbourhoodBuilder(snap, store, (25, 10), 4096)
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))
+        zipf = Zipf(snap.num_nodes, 0)
+        print(f"{snap.tag}, {tag}, float16 transport, 1 thread; per request, medians (P99) in ms")
+        print(f"{'targets':>7} | {'layout':>7} | {'bytes':>9} | {'FeatureRunner build+encode':>26} | "
+              f"{'model decode+run':>17} | max |prob diff|")
+        for n in (int(x) for x in a.sizes.split(",")):
+            ids = [zipf.draw(n) for _ in range(16)]
+            blobs = {}
+            for premean in (False, True):
+                reqs = [builder.validate(t.tolist(), None, 1000 + i, "float16", premean=premean) for i, t in enumerate(ids)]
+                blobs[premean] = [encode(loop.run_until_complete(builder.build([r]))[0]) for r in reqs]
+                feat = time_calls(lambda r: encode(loop.run_until_complete(builder.build([r]))[0]), reqs, a.budget, 5)
+                model = time_calls(lambda b: run_batch(registry, [InferenceItem(tag, decode(b))]), blobs[premean],
+                                   a.budget, 5)
+                probs = [run_batch(registry, [InferenceItem(tag, decode(b))])[0]["probs"] for b in blobs[premean]]
+                if premean:
+                    diff = max(float(np.abs(x - y).max()) for x, y in zip(probs, full_probs))
+                else:
+                    full_probs, diff = probs, 0.0
+                name = "premean" if premean else "full"
+                print(f"{n:>7} | {name:>7} | {np.mean([len(b) for b in blobs[premean]]):>9,.0f} | "
+                      f"{np.median(feat) * 1e3:>13.3f} ({np.percentile(feat, 99) * 1e3:7.3f})    | "
+                      f"{np.median(model) * 1e3:>6.3f} ({np.percentile(model, 99) * 1e3:7.3f}) | {diff:.1e}")
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
