@@ -4,7 +4,8 @@ B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate 
     tiered feature fetch, L1 holding every row after the first pass, no Redis; the premean
     tensor when the model takes it, as the served FeatureRunner sends) ->
     ``runners.inference.run_batch`` (merge + ONNX Runtime, 1 intra-op thread, as served).
-    Also without L1 (``b3_no_l1``: rows gathered from the memory-mapped snapshot).
+    Also without L1 (``b3_no_l1``: every batch a scan, as the served FeatureRunner runs bulk
+    requests: rows gathered from the memory-mapped snapshot). B3's figure is the better of the two.
 B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
     (gather per slot + edge lists) -> ``PygGraphSAGE`` with the stored ``state_dict.pt`` ->
     softmax; torch with 1 thread (as B3) and with all cores.
@@ -69,7 +70,7 @@ def main() -> None:
     builder = NeighbourhoodBuilder(snap, store, fanout, 4096)
     # B3 without L1: every row gathered straight from the memory-mapped snapshot (page cache)
     bare = NeighbourhoodBuilder(snap, build_feature_store(Settings(l1_bytes=0, redis_url=""), snap.features, snap.tag),
-                                fanout, 4096)
+                                fanout, 4096, scan_min_targets=1)
     pyg = PygGraphSAGE(cfg)
     pyg.load_state_dict(torch.load(loaded.artifacts.state_dict_path, weights_only=True), strict=True)
     pyg.eval()
