@@ -19,7 +19,7 @@ import logging
 import bentoml
 import numpy as np
 
-from runners import bentoml_timeout_fix, wire
+from runners import bentoml_timeout_fix, predict_request, wire
 from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
 from runners.config import runner_service_options, settings
@@ -29,7 +29,7 @@ from runners.metrics import feature_metrics, labelled
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.remote import UPSTREAM_FAILED, RunnerRejected, failure_reason, http_error, rejecting_client_errors
 from runners.snapshot import load_snapshot
-from runners.wire import BinaryBody
+from runners.wire import BinaryBody, take_raw_body
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
@@ -93,8 +93,8 @@ class FeatureRunner:
             m.l2_errors.inc(errors - self._l2_errors_seen)
             self._l2_errors_seen = errors
 
-    async def _tensor(self, node_ids: list[int], fanout: list[int] | None, seed: int | None, dtype: str,
-                      seeds: list[int] | None, premean: bool = False) -> FeatureTensor:
+    async def _tensor(self, node_ids: list[int] | np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
+                      seeds: list[int] | np.ndarray | None, premean: bool = False) -> FeatureTensor:
         try:
             request = self.builder.validate(node_ids, fanout, seed, dtype, seeds, premean)
         except TooManyNodes as exc:
@@ -114,15 +114,23 @@ class FeatureRunner:
         return blob
 
     @bentoml.api
-    async def predict(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,
-                      dtype: str = "float32", seeds: list[int] | None = None, model: str = "graphsage:latest",
-                      embedding: bool = False) -> BinaryBody:
+    async def predict(self, request: BinaryBody, /) -> BinaryBody:
         """``features``, then the GraphSAGERunner's ``infer`` on the tensor; returns its answer
-        as it came (``runners.wire``: logits, probs, embedding). The model runner's 4xx answers
-        (unknown version, incompatible tensor) pass through; when it is down or slower than
-        ``Settings.model_call_timeout_s``, the answer is 502, never this runner's own 5xx.
+        as it came (``runners.wire``: logits, probs, embedding). The body is
+        ``runners.predict_request`` (options + int64 node ids and seeds). The model runner's 4xx
+        answers (unknown version, incompatible tensor) pass through; when it is down or slower
+        than ``Settings.model_call_timeout_s``, the answer is 502, never this runner's own 5xx.
 
         A version that takes the premean input (mean aggregator) gets it: ~2.5x fewer rows."""
+        try:
+            options, node_ids, seeds = predict_request.decode(request)
+        except predict_request.BadPredictRequest as exc:
+            raise bentoml.exceptions.InvalidArgument(f"bad predict request: {exc}") from exc
+        return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
+                                   seeds, options["model"], options["embedding"])
+
+    async def _predict(self, node_ids: np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
+                       seeds: np.ndarray | None, model: str, embedding: bool) -> bytes:
         # One deadline for every model runner call of this request.
         deadline = asyncio.get_running_loop().time() + self._infer_timeout_s
         premean = self._premean_enabled and await self._premean_for(model, deadline)
@@ -167,6 +175,9 @@ class FeatureRunner:
                 "num_edges": self.snapshot.num_edges, "feature_dim": self.snapshot.feature_dim,
                 "max_fanout": list(self.builder.max_fanout), "cache": self.store.stats(),
                 "batches": vars(self.batcher.stats)}
+
+
+take_raw_body(FeatureRunner, "predict")
 
 
 def _left(deadline: float) -> float:

@@ -68,7 +68,8 @@ class NeighbourhoodBuilder:
         premean(snapshot.features[unique], index)
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
-                 dtype: str = "float32", seeds: Sequence[int] | None = None, premean: bool = False) -> FeatureRequest:
+                 dtype: str = "float32", seeds: Sequence[int] | np.ndarray | None = None,
+                 premean: bool = False) -> FeatureRequest:
         ids = _as_ids(node_ids)
         if ids.size == 0:
             raise InvalidRequest("node_ids is empty")
@@ -89,7 +90,11 @@ class NeighbourhoodBuilder:
         if seed is not None and not _valid_seed(seed):
             raise InvalidRequest("seed must be an integer in [0, 2^63)")
         per_node = None
-        if seeds is not None:
+        if isinstance(seeds, np.ndarray):  # int64 from a binary request: all in range but the sign
+            if seeds.dtype != np.int64 or seeds.shape != ids.shape or (seeds < 0).any():
+                raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
+            per_node = seeds
+        elif seeds is not None:
             if not isinstance(seeds, (list, tuple)) or len(seeds) != ids.size or not all(map(_valid_seed, seeds)):
                 raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
             per_node = np.asarray(seeds, dtype=np.int64)

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runners import bentoml_timeout_fix
+from runners import bentoml_timeout_fix, predict_request
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
@@ -65,7 +65,8 @@ class Gateway:
         self.core = PredictionCore(
             self.routing,
             # Resolved per call: the dependency clients connect only once the worker has started.
-            lambda **kw: self.feature_runner.to_async.predict(dtype=cfg.feature_transport_dtype, **kw),
+            lambda **kw: self.feature_runner.to_async.predict(
+                predict_request.encode(dtype=cfg.feature_transport_dtype, **kw)),
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,

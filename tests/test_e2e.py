@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from runners import wire
+from runners import predict_request, wire
 from runners.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from tests.app_harness import SplitApp, build_demo_store, closed_loop, free_port
@@ -163,7 +163,13 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     demo model is a mean model) gives the model runner when sent there by hand, and passes the
     model runner's 404 through."""
     body = {"node_ids": [3, 9, 3, 3999], "seed": 77, "dtype": "float16"}
-    chained = httpx.post(app.feature.url + "/predict", json={**body, "model": env["v1"]}, timeout=10)
+    octet = {"content-type": "application/octet-stream"}
+
+    def chain(model: str) -> httpx.Response:
+        return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=predict_request.encode(
+            body["node_ids"], [77] * 4, None, model, False, "float16"))
+
+    chained = chain(env["v1"])
     assert chained.status_code == 200, chained.text
     tensor = httpx.post(app.feature.url + "/features", json={**body, "premean": True}, timeout=10)
     assert tensor.status_code == 200, tensor.text
@@ -177,8 +183,11 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     assert meta == meta_by_hand and meta["model"] == env["v1"] and set(got) == set(want) == {"logits", "probs"}
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
-    unknown = httpx.post(app.feature.url + "/predict", json={**body, "model": "graphsage:nosuchversion"}, timeout=10)
+    unknown = chain("graphsage:nosuchversion")
     assert unknown.status_code == 404 and "nosuchversion" in unknown.text, unknown.text
+    for bad in (b"", b"GSE1junk", wire.envelope({"model": env["v1"], "embedding": False}, wire.pack({"x": np.zeros(1)}))):
+        r = httpx.post(app.feature.url + "/predict", headers=octet, content=bad, timeout=10)
+        assert r.status_code == 400 and "bad predict request" in r.text, (bad, r.text)
 
 
 def test_concurrent_load_has_zero_errors(app, env):

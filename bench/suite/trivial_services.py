@@ -1,9 +1,9 @@
 """Baselines B1 and B2: BentoML services that do no work.
 
 B1: ``TrivialGateway`` -> ``TrivialFeature`` -> ``TrivialModel`` with ``bentoml.depends``,
-exactly the topology of the real app (the gateway calls the feature service's ``predict``, which
-sends a bytes blob to the model service as the app's FeatureRunner does: one raw
-``application/octet-stream`` body, not pickled keyword arguments; async APIs, ``await
+exactly the topology of the real app (the gateway sends the node ids to the feature service's
+``predict`` as int64 bytes, which sends a bytes blob to the model service, as the app's services
+do: one raw ``application/octet-stream`` body per hop, not pickled keyword arguments; async APIs, ``await
 dep.to_async.method(...)``; the runners' service options of the app
 (``runners.config.runner_service_options``: the ``runner_connection`` workaround, no access log,
 tracing as configured), started split: one process per service). The answer has the same shape
@@ -19,6 +19,7 @@ import gc
 import struct
 
 import bentoml
+import numpy as np
 
 from runners import bentoml_timeout_fix, config
 from runners.wire import BinaryBody, take_raw_body
@@ -51,8 +52,11 @@ class TrivialFeature:
         gc.freeze()
 
     @bentoml.api
-    async def predict(self, node_ids: list[int]) -> BinaryBody:
-        return await self.model.to_async.infer(struct.pack("<I", len(node_ids)))
+    async def predict(self, request: BinaryBody, /) -> BinaryBody:
+        return await self.model.to_async.infer(struct.pack("<I", len(request) // 8))
+
+
+take_raw_body(TrivialFeature, "predict")  # as the app's FeatureRunner
 
 
 def _answer(node_ids: list[int]) -> dict:
@@ -70,7 +74,7 @@ class TrivialGateway:
 
     @bentoml.api(route="/predict")
     async def predict(self, node_ids: list[int]) -> dict:
-        out = await self.feature.to_async.predict(node_ids=node_ids)
+        out = await self.feature.to_async.predict(np.asarray(node_ids, dtype=np.int64).tobytes())
         assert struct.unpack("<I", out)[0] == len(node_ids)
         return _answer(node_ids)
 
