@@ -24,7 +24,8 @@ class Backend(Protocol):
     name: str
     supports_premean: bool  # takes the premean input (runners.feature_tensor.PREMEAN)
 
-    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs: ...
+    def run(self, features: np.ndarray, index: list[np.ndarray],
+            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs: ...
 
 
 class OnnxBackend:
@@ -53,14 +54,18 @@ class OnnxBackend:
             self._sessions[layout, np.float32] = ort.InferenceSession(path, sess_options=opts, providers=providers)
             self._sessions[layout, np.float16] = ort.InferenceSession(
                 _with_float16_inputs(path), sess_options=opts, providers=providers)
-        self.supports_premean = "premean" in graphs
+        # The premean graph's signature ends with (last_rows, last_mean); any other is not served.
+        premean_inputs = [i.name for i in self._sessions["premean", np.float32].get_inputs()] if "premean" in graphs else []
+        self.supports_premean = premean_inputs[-2:] == ["last_rows", "last_mean"]
         self.session = self._sessions["levels", np.float32]
         self.name = "onnx-" + ("cuda" if providers[0].startswith("CUDA") else "cpu")
 
-    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs:
+    def run(self, features: np.ndarray, index: list[np.ndarray],
+            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs:
+        """``premean``: (last_rows, last_mean) of the premean layout."""
         half = features.dtype == np.float16
-        session = self._sessions["levels" if last_mean is None else "premean", np.float16 if half else np.float32]
-        inputs = [features, *index] + ([] if last_mean is None else [last_mean])
+        session = self._sessions["levels" if premean is None else "premean", np.float16 if half else np.float32]
+        inputs = [features, *index, *(premean or ())]
         if not half:
             inputs = [a.astype(np.float32, copy=False) if a.dtype.kind == "f" else a for a in inputs]
         feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
@@ -93,22 +98,23 @@ class TorchBackend:
     def __init__(self, artifacts: ModelArtifacts, threads: int = 1) -> None:
         import torch
 
-        from runners.dense_model import DenseGraphSAGE
+        from runners.dense_model import DenseGraphSAGE, supports_premean
 
         torch.set_num_threads(threads)
         self._torch = torch
         self.model = DenseGraphSAGE(artifacts.config)
         self.model.load_state_dict(torch.load(artifacts.state_dict_path, weights_only=True), strict=True)
         self.model.eval()
-        self.supports_premean = artifacts.config.aggregator == "mean"
+        self.supports_premean = supports_premean(artifacts.config)
         self.name = "torch-cpu"
 
-    def run(self, features: np.ndarray, index: list[np.ndarray], last_mean: np.ndarray | None = None) -> Outputs:
+    def run(self, features: np.ndarray, index: list[np.ndarray],
+            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs:
         torch = self._torch
         as_tensor = lambda a: torch.from_numpy(a.astype(np.float32, copy=False))  # noqa: E731
         with torch.inference_mode():
             out = self.model.run(as_tensor(features), [torch.from_numpy(i) for i in index],
-                                 None if last_mean is None else as_tensor(last_mean))
+                                 None if premean is None else (torch.from_numpy(premean[0]), as_tensor(premean[1])))
         return tuple(t.numpy() for t in out)  # type: ignore[return-value]
 
 

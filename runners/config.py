@@ -69,9 +69,12 @@ class Settings:
     # bytes that cross two hops (256 targets: 4.42 -> 2.26 MB); on the demo model it changed no
     # class over 10,240 targets, max |prob diff| 9.9e-4 (tests/test_inference.py checks the bound).
     feature_transport_dtype: str = "float16"
-    # Mean-aggregator versions get the premean FeatureTensor (the last hop as its means: a
-    # 256-target request ~6,800 -> ~2,800 rows); off: always full rows.
+    # Mean-aggregator versions get the premean FeatureTensor for requests of at least
+    # premean_min_targets nodes (the last hop as its means, repeated hop-1 nodes once: 256 targets
+    # 1.79 -> 0.59 MB, the model runner's decode + forward 3.68 -> 1.69 ms). Below ~16 targets the
+    # FeatureRunner's extra pass costs more than the model saves (bench/bench_premean.py).
     premean: bool = True
+    premean_min_targets: int = 16
 
     # Worker processes per service (each scales on its own; one batch in flight per worker).
     gateway_workers: int = 1

@@ -22,11 +22,12 @@ Semantics per aggregator, equal to PyG on the same sampled tree:
 Inputs: ``features [U, F]``, ``idx0 [B]``, then ``idx{d} [S_{d-1}, k_d]`` int32 (-1 = pad).
 Outputs: ``logits [B, C]``, ``probs [B, C]`` (softmax or sigmoid), ``embedding [B, H]``.
 
-The premean input (``PremeanInputs``, mean aggregator only): the last hop arrives aggregated.
+The premean input (``PremeanInputs``, mean aggregator, L >= 2): the last hop arrives aggregated.
 The first layer's mean over a last-level node's neighbours is linear in their raw features, so
-the FeatureRunner sends that mean (``last_mean [S_{L-1}, F]``) instead of the rows and their
-index: ``features`` then holds the rows of levels 0..L-1 only and the index stops at
-``idx{L-1}``. Same function, fewer bytes (the last hop holds most rows) and no gather over them.
+the FeatureRunner sends that mean instead of the rows and their index, once per distinct
+(node, seed) of level L-1: ``idx{L-1}`` points at those entries, ``last_rows [E]`` gives each
+entry's row and ``last_mean [E, F]`` its mean (``runners.feature_tensor``). Same function, fewer
+bytes (the last hop holds most rows), no gather over them, and level L-1 computed once per entry.
 """
 
 from __future__ import annotations
@@ -89,18 +90,23 @@ class DenseGraphSAGE(nn.Module):
         return self.run(features, index, None)
 
     def run(self, features: Tensor, index: tuple[Tensor, ...] | list[Tensor],
-            last_mean: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """``index`` stops at ``idx{L-1}`` when ``last_mean`` is given (the premean input)."""
+            premean: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``premean``: (last_rows, last_mean); ``index`` then stops at ``idx{L-1}``, whose
+        entries point at last_rows (the premean input)."""
         levels = [idx.long() for idx in index]
         masks = [lv >= 0 for lv in levels[1:]]  # masks[d]: neighbours of the real nodes of hop d
         fmasks = [m.to(features.dtype) for m in masks]
-        # Rows of the real nodes of every hop but the last (roots of the first layer); with the
-        # premean input the index ends at that hop.
-        inner = levels[1:] if last_mean is not None else levels[1:-1]
-        real = [levels[0]] + [lv.reshape(-1)[m.reshape(-1)] for lv, m in zip(inner, masks)]
+        # Rows of the real nodes of every hop but the last (roots of the first layer).
+        real = [levels[0]] + [lv.reshape(-1)[m.reshape(-1)] for lv, m in zip(levels[1:-1], masks)]
         # Padded slot -> row among the next hop's real nodes, or the appended zero row.
         slot_rows = [_slot_rows(m) for m in masks]
         padded_ids = [torch.where(m, lv, features.shape[0]) for lv, m in zip(levels[1:], masks)]
+        last_mean = None
+        if premean is not None:  # level L-1 holds entries: one node per distinct (node, seed)
+            last_rows, last_mean = premean[0].long(), premean[1]
+            real.append(last_rows)
+            slot_rows[-1] = torch.where(masks[-1], levels[-1], last_rows.shape[0])
+            padded_ids[-1] = torch.where(masks[-1], last_rows[levels[-1].clamp(min=0)], features.shape[0])
         with_zero = torch.cat([features, features.new_zeros(1, features.shape[1])])
 
         h = [features[ids] for ids in real]
@@ -135,17 +141,21 @@ def _slot_rows(mask: Tensor) -> Tensor:
 
 
 class PremeanInputs(nn.Module):
-    """The same network with the premean input: ``features, idx0..idx{L-1}, last_mean`` (the
-    exported signature of ``model_premean.onnx``). Mean aggregator only: the mean is linear in
-    the raw features, pool and LSTM are not."""
+    """The same network with the premean input: ``features, idx0..idx{L-1}, last_rows,
+    last_mean`` (the exported signature of ``model_premean.onnx``). Mean aggregator and L >= 2
+    only: the mean is linear in the raw features, pool and LSTM are not."""
 
     def __init__(self, dense: DenseGraphSAGE) -> None:
         super().__init__()
-        if dense.cfg.aggregator != "mean":
-            raise ValueError(f"the premean input needs the mean aggregator, not {dense.cfg.aggregator!r}")
+        if not supports_premean(dense.cfg):
+            raise ValueError(f"the premean input needs the mean aggregator and 2+ layers, not {dense.cfg}")
         self.dense = dense
 
     def forward(self, features: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if len(inputs) != self.dense.cfg.num_layers + 1:
-            raise ValueError(f"expected {self.dense.cfg.num_layers} index tensors and last_mean")
-        return self.dense.run(features, inputs[:-1], inputs[-1])
+        if len(inputs) != self.dense.cfg.num_layers + 2:
+            raise ValueError(f"expected {self.dense.cfg.num_layers} index tensors, last_rows and last_mean")
+        return self.dense.run(features, inputs[:-2], (inputs[-2], inputs[-1]))
+
+
+def supports_premean(cfg: ModelConfig) -> bool:
+    return cfg.aggregator == "mean" and cfg.num_layers >= 2

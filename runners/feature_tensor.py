@@ -14,11 +14,14 @@ the demo graph's mean degree is 10; here each distinct row travels once, padding
 indices, and a padded first-hop slot has no second-hop row at all, so neither the bytes nor the
 model's work grow with padding.
 
-The premean layout (``PREMEAN``; mean aggregator only, see ``runners.dense_model``): the last
-hop arrives aggregated. ``features`` holds the rows of levels 0..L-1 only, ``index`` stops at
-``idx{L-1}`` and ``last_mean [S_{L-1}, F]`` holds, per real node of level L-1 (row-major), the
-mean of its sampled neighbours' rows; ``last_fanout`` is the last hop's k. On the demo graph a
-256-target request drops from ~6,800 rows to ~2,800.
+The premean layout (``PREMEAN``; mean aggregator, L >= 2 hops; see ``runners.dense_model``):
+the last hop arrives aggregated, and the level before it deduplicated. ``features`` holds the rows
+of levels 0..L-1 only and ``index`` stops at ``idx{L-1}``, whose entries point at the *distinct*
+(node, seed) pairs of level L-1 (a node sampled twice with one seed has the same neighbours
+both times: sampling hashes (seed, node, hop, step)). Per distinct pair: ``last_rows [E]`` its
+row and ``last_mean [E, F]`` the mean of its sampled neighbours' rows; ``last_fanout`` is the
+last hop's k. On the demo graph a Zipf 256-target request drops from ~6,800 rows to ~2,300
+(1,064 pairs for 1,593 hop-1 slots).
 
 Encoding: ``runners.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
 """
@@ -47,7 +50,9 @@ class FeatureTensor:
     features: np.ndarray
     index: list[np.ndarray]
     snapshot: str = ""
-    last_mean: np.ndarray | None = None  # the premean layout
+    # The premean layout: per distinct (node, seed) of the last indexed level, its row and mean.
+    last_rows: np.ndarray | None = None
+    last_mean: np.ndarray | None = None
     last_fanout: int = 0
 
     @property
@@ -75,24 +80,33 @@ class FeatureTensor:
         if self.index[0].size and int(self.index[0].min()) < 0:
             raise FeatureTensorError("target slots cannot be padding")
         rows = self.features.shape[0]
+        premean = self.last_mean is not None
+        if premean:
+            self._validate_premean(rows)
         parents = self.index[0].shape[0]
         for depth, idx in enumerate(self.index):
             if depth and (idx.ndim != 2 or idx.shape[0] != parents):
                 raise FeatureTensorError(
                     f"index[{depth}] must be [{parents}, k{depth}] (one row per real node of hop {depth - 1}), got {idx.shape}")
-            if idx.size and (int(idx.max()) >= rows or int(idx.min()) < -1):
-                raise FeatureTensorError(f"index[{depth}] points outside features [0, {rows})")
+            bound, what = (self.last_rows.size, "last_rows") if premean and depth == len(self.index) - 1 else (rows, "features")
+            if idx.size and (int(idx.max()) >= bound or int(idx.min()) < -1):
+                raise FeatureTensorError(f"index[{depth}] points outside {what} [0, {bound})")
             parents = int((idx >= 0).sum())
-        if self.last_mean is not None:
-            if self.last_mean.shape != (parents, self.features.shape[1]):
-                raise FeatureTensorError(f"last_mean must be [{parents}, {self.features.shape[1]}] (one row per real "
-                                         f"node of the last indexed hop), got {self.last_mean.shape}")
-            if self.last_fanout < 1:
-                raise FeatureTensorError("a premean tensor needs the last hop's fanout")
+
+    def _validate_premean(self, rows: int) -> None:
+        if len(self.index) < 2 or self.last_rows is None or self.last_rows.ndim != 1:
+            raise FeatureTensorError("a premean tensor has at least idx0 and idx1, and last_rows [E]")
+        if self.last_mean.shape != (self.last_rows.size, self.features.shape[1]):
+            raise FeatureTensorError(f"last_mean must be [{self.last_rows.size}, {self.features.shape[1]}] (one row per "
+                                     f"entry of last_rows), got {self.last_mean.shape}")
+        if self.last_rows.size and (int(self.last_rows.min()) < 0 or int(self.last_rows.max()) >= rows):
+            raise FeatureTensorError(f"last_rows points outside features [0, {rows})")
+        if self.last_fanout < 1:
+            raise FeatureTensorError("a premean tensor needs the last hop's fanout")
 
     def nbytes(self) -> int:
-        extra = self.last_mean.nbytes if self.last_mean is not None else 0
-        return int(self.features.nbytes + sum(a.nbytes for a in self.index) + extra)
+        extra = [a.nbytes for a in (self.last_rows, self.last_mean) if a is not None]
+        return int(self.features.nbytes + sum(a.nbytes for a in self.index) + sum(extra))
 
 
 def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -114,18 +128,39 @@ def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     return unique, index
 
 
-def premean(rows: np.ndarray, index: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-    """A compacted tree's rows and index -> the premean layout: (the rows of levels 0..L-1, the
-    index without its last level, the float32 mean of each last-level neighbour set). The kept
-    rows are a prefix of ``rows``: ``compact`` numbers ids in order of first appearance, level by
-    level, so every id of levels 0..L-1 comes before the ids first seen in the last level."""
-    from runners.kernels import mean_rows  # numba: only processes that compact load it
+def premean(rows: np.ndarray, index: Sequence[np.ndarray],
+            seeds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+    """A compacted tree (L >= 2 hops) -> the premean layout: (the rows of levels 0..L-1, the index
+    without its last level and with level L-1 pointing at distinct (node, seed) entries,
+    ``last_rows`` int32, ``last_mean`` float32). ``seeds``: the seed of each target.
 
+    The kept rows are a prefix of ``rows``: ``compact`` numbers ids in order of first appearance,
+    level by level, so every id of levels 0..L-1 comes before the ids first seen in the last."""
+    from runners.kernels import distinct_first, mean_rows  # numba: only processes that compact load it
+
+    if len(index) < 3:
+        raise ValueError("the premean layout needs at least 2 hops")
     inner, last = list(index[:-1]), index[-1]
-    kept = 1 + max(int(i.max()) if i.size else -1 for i in inner)
-    out = np.zeros((last.shape[0], rows.shape[1]), np.float32)
-    mean_rows(np.ascontiguousarray(rows, dtype=np.float32), last, out)  # a plain array: one numba type
-    return rows[:kept], inner, out
+    slot_seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), index[0].shape)
+    for level in index[1:-1]:  # the seed of each real slot, level by level (row-major)
+        slot_seeds = np.repeat(slot_seeds, level.shape[1])[level.reshape(-1) >= 0]
+    slots = inner[-1].reshape(-1)
+    real = slots >= 0
+    slot_rows = slots[real].astype(np.int64)
+    if slot_seeds.size and (slot_seeds == slot_seeds[0]).all():
+        key = slot_rows  # one seed (a single request): the row alone tells the pairs apart
+    else:
+        ranks = np.unique(slot_seeds, return_inverse=True)[1].astype(np.int64)
+        key = slot_rows * (int(ranks.max()) + 1) + ranks
+    _, entry, first = distinct_first(key)  # each slot's entry; each entry's first slot
+    last_rows = slot_rows[first].astype(np.int32)
+    means = np.zeros((first.size, rows.shape[1]), np.float32)
+    mean_rows(np.ascontiguousarray(rows, dtype=np.float32), np.ascontiguousarray(last[first]), means)
+    entries = np.full(slots.shape, -1, np.int32)
+    entries[real] = entry
+    inner[-1] = entries.reshape(inner[-1].shape)
+    kept = 1 + max([int(i.max()) for i in inner[:-1] if i.size] + [int(last_rows.max()) if last_rows.size else -1])
+    return rows[:kept], inner, last_rows, means
 
 
 def to_padded(index: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -149,7 +184,7 @@ def encode(ft: FeatureTensor, prefix: bytes = b"") -> bytes:
     arrays = {"features": ft.features, **{f"idx{d}": idx for d, idx in enumerate(ft.index)}}
     meta: dict = {"snapshot": ft.snapshot}
     if ft.last_mean is not None:
-        arrays["last_mean"] = ft.last_mean
+        arrays.update(last_rows=ft.last_rows, last_mean=ft.last_mean)
         meta.update(layout=PREMEAN, last_fanout=ft.last_fanout)
     return wire.pack(arrays, meta, prefix)
 
@@ -162,18 +197,19 @@ def decode(blob: bytes | bytearray | memoryview) -> FeatureTensor:
         raise FeatureTensorError(str(exc)) from exc
     features = arrays.pop("features", None)
     layout = meta.get("layout", LAYOUT)
-    last_mean = arrays.pop("last_mean", None)
-    if layout not in (LAYOUT, PREMEAN) or (last_mean is None) != (layout == LAYOUT):
-        raise FeatureTensorError(f"layout {layout!r}: {PREMEAN} carries last_mean, {LAYOUT} does not")
+    last_mean, last_rows = arrays.pop("last_mean", None), arrays.pop("last_rows", None)
+    if layout not in (LAYOUT, PREMEAN) or {last_mean is None, last_rows is None} != {layout == LAYOUT}:
+        raise FeatureTensorError(f"layout {layout!r}: {PREMEAN} carries last_rows and last_mean, {LAYOUT} neither")
     index = [arrays.pop(f"idx{d}") for d in range(len(arrays)) if f"idx{d}" in arrays]
     if features is None or not index or arrays:
         raise FeatureTensorError("expected arrays features, idx0, idx1, ... (last_mean) and nothing else")
     if features.dtype.kind != "f" or any(a.dtype != np.int32 for a in index):
         raise FeatureTensorError("features must be float and index arrays int32")
     last_fanout = meta.get("last_fanout", 0)
-    if last_mean is not None and (last_mean.dtype != features.dtype or not isinstance(last_fanout, int)):
-        raise FeatureTensorError("last_mean must have the dtype of features, last_fanout must be an integer")
-    ft = FeatureTensor(features=features, index=index, snapshot=str(meta.get("snapshot", "")), last_mean=last_mean,
-                       last_fanout=last_fanout if last_mean is not None else 0)
+    if last_mean is not None and (last_mean.dtype != features.dtype or last_rows.dtype != np.int32
+                                  or not isinstance(last_fanout, int)):
+        raise FeatureTensorError("last_mean must have the dtype of features, last_rows int32, last_fanout an integer")
+    ft = FeatureTensor(features=features, index=index, snapshot=str(meta.get("snapshot", "")), last_rows=last_rows,
+                       last_mean=last_mean, last_fanout=last_fanout if last_mean is not None else 0)
     ft.validate()
     return ft

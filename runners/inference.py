@@ -127,13 +127,14 @@ def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
 class Batch:
     features: np.ndarray
     index: list[np.ndarray]
-    last_mean: np.ndarray | None
+    premean: tuple[np.ndarray, np.ndarray] | None  # (last_rows, last_mean)
     bounds: list[int]  # each tensor's targets: [bounds[i], bounds[i + 1])
 
 
 def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
-    """One batch of tensors of one layout: concatenated feature rows, rebased indices (and the
-    premean rows concatenated), each tensor's target span.
+    """One batch of tensors of one layout: concatenated feature rows, rebased indices (premean:
+    the entries of the last indexed level rebased by entries, ``last_rows`` by rows), each
+    tensor's target span.
 
     Levels concatenate as they are: a level's rows follow the real nodes of the level above in
     order, so per-request blocks stay aligned. A smaller fanout is padded up with -1 columns.
@@ -148,10 +149,11 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
     if features.dtype != np.float16:
         features = features.astype(np.float32, copy=False)
     offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
-    index = []
-    for depth in range(len(tensors[0].index)):
+    entry_offsets = np.cumsum([0] + [t.last_rows.size for t in tensors[:-1]]) if premean else offsets
+    index, last = [], len(tensors[0].index) - 1
+    for depth in range(last + 1):
         parts = []
-        for t, off in zip(tensors, offsets):
+        for t, off in zip(tensors, entry_offsets if premean and depth == last else offsets):
             idx = t.index[depth]
             rebased = np.where(idx >= 0, idx + np.int32(off), idx) if off else idx
             if depth and idx.shape[1] < fanout[depth - 1]:
@@ -159,12 +161,12 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
             parts.append(rebased)
         index.append(np.concatenate(parts).astype(np.int32, copy=False))
     bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
-    last_mean = None
+    extra = None
     if premean:
+        last_rows = np.concatenate([t.last_rows + np.int32(off) for t, off in zip(tensors, offsets)])
         last_mean = tensors[0].last_mean if len(tensors) == 1 else np.concatenate([t.last_mean for t in tensors])
-        if last_mean.dtype != features.dtype:
-            last_mean = last_mean.astype(features.dtype)
-    return Batch(features, index, last_mean, bounds)
+        extra = (last_rows.astype(np.int32, copy=False), last_mean.astype(features.dtype, copy=False))
+    return Batch(features, index, extra, bounds)
 
 
 def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[str, Any]]:
@@ -176,7 +178,7 @@ def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[
     for (tag, _), positions in groups.items():
         model = registry.load(tag)
         batch = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
-        logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.last_mean)
+        logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.premean)
         for n, i in enumerate(positions):
             lo, hi = batch.bounds[n], batch.bounds[n + 1]
             results[i] = {"model": model.artifacts.tag, "backend": model.backend.name, "task": model.artifacts.config.task,

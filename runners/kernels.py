@@ -73,12 +73,14 @@ def sample_level(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, see
 
 
 @njit(cache=True)
-def _distinct_positions(flat: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct ids >= 0 in order of first appearance, each entry's position among them or -1).
-    ``mark`` is a scratch map id -> position, all -1 on entry and on return: one pass, where
-    np.unique sorts every entry (and numba's sort is 5x slower than numpy's)."""
+def _distinct_positions(flat: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct ids >= 0 in order of first appearance, each entry's position among them or -1,
+    each distinct id's first entry). ``mark`` is a scratch map id -> position, all -1 on entry
+    and on return: one pass, where np.unique sorts every entry (and numba's sort is 5x slower
+    than numpy's)."""
     distinct = np.empty(flat.size, np.int64)
     positions = np.empty(flat.size, np.int32)
+    first = np.empty(flat.size, np.int64)
     count = 0
     for i in range(flat.size):
         v = flat[i]
@@ -90,11 +92,12 @@ def _distinct_positions(flat: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray,
             p = count
             mark[v] = p
             distinct[count] = v
+            first[count] = i
             count += 1
         positions[i] = p
     for r in range(count):
         mark[distinct[r]] = -1
-    return distinct[:count], positions
+    return distinct[:count], positions, first[:count]
 
 
 _mark = np.full(0, -1, dtype=np.int32)
@@ -103,6 +106,12 @@ _mark = np.full(0, -1, dtype=np.int32)
 def distinct_positions(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct node ids of ``flat`` (first appearance first) and each entry's position among
     them, -1 at PAD: ``distinct[positions[i]] == flat[i]`` for every real entry."""
+    distinct, positions, _ = distinct_first(flat)
+    return distinct, positions
+
+
+def distinct_first(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``distinct_positions`` and, per distinct id, the index of its first entry in ``flat``."""
     global _mark
     top = int(flat.max()) + 1 if flat.size else 0
     mark = _mark

@@ -65,7 +65,8 @@ class NeighbourhoodBuilder:
         # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
         unique, index = compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                             seed=0))
-        premean(snapshot.features[unique], index)
+        if len(self.max_fanout) >= 2:
+            premean(snapshot.features[unique], index, np.zeros(1, np.int64))
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
                  dtype: str = "float32", seeds: Sequence[int] | np.ndarray | None = None,
@@ -99,7 +100,7 @@ class NeighbourhoodBuilder:
                 raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
             per_node = np.asarray(seeds, dtype=np.int64)
         return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype,
-                              per_node, bool(premean))
+                              per_node, bool(premean) and len(fan) >= 2)  # premean needs 2+ hops
 
     async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         started = time.perf_counter()
@@ -134,9 +135,9 @@ class NeighbourhoodBuilder:
         for r, (unique, index) in zip(requests, compacted):
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
             if r.premean:
-                kept, inner, last_mean = premean(feats, index)
-                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, self.snapshot.tag, to_dtype(last_mean, r.dtype),
-                                         int(index[-1].shape[1])))
+                kept, inner, last_rows, last_mean = premean(feats, index, _seeds_of(r))
+                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, self.snapshot.tag, last_rows,
+                                         to_dtype(last_mean, r.dtype), int(index[-1].shape[1])))
             else:
                 out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
         assemble_s = compacted_s + (time.perf_counter() - fetched)

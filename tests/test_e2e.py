@@ -78,18 +78,22 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarra
         tree = sample_tree(snap.indptr, snap.indices, np.array(node_ids), art.config.fanout, seed=seed)
         unique, index = compact(tree)
         rows = np.asarray(snap.features[unique], dtype=np.float32)
-        # A mean model gets the premean input (the last hop as its means), as the FeatureRunner sends it.
-        assert os.path.exists(art.onnx_premean_path) and Settings().premean
-        rows, index, last_mean = premean(rows, index)
-        sess = ort.InferenceSession(art.onnx_premean_path, providers=["CPUExecutionProvider"])
         # Rows rounded as the gateway's transport dtype rounds them (float16 by default).
         narrow = lambda a: a.astype(Settings().feature_transport_dtype).astype(np.float32)  # noqa: E731
-        feed = {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}, "last_mean": narrow(last_mean)}
+        if len(node_ids) < Settings().premean_min_targets:
+            sess = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
+            return sess.run(["probs"], {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}})[0]
+        # A larger request to a mean model gets the premean input (the last hop as its means).
+        assert os.path.exists(art.onnx_premean_path) and Settings().premean
+        rows, index, last_rows, last_mean = premean(rows, index, seed)
+        sess = ort.InferenceSession(art.onnx_premean_path, providers=["CPUExecutionProvider"])
+        feed = {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}, "last_rows": last_rows,
+                "last_mean": narrow(last_mean)}
         return sess.run(["probs"], feed)[0]
 
 
-def test_predict_equals_in_process_computation(app, env):
-    ids = [0, 5, 17, 3999, 5]
+@pytest.mark.parametrize("ids", [[0, 5, 17, 3999, 5], [0, 5, 17, 3999, 5] * 4], ids=["full rows", "premean"])
+def test_predict_equals_in_process_computation(app, env, ids):
     r = predict(app, env, {"node_ids": ids, "seed": 1234})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -162,12 +166,12 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor (premean: the
     demo model is a mean model) gives the model runner when sent there by hand, and passes the
     model runner's 404 through."""
-    body = {"node_ids": [3, 9, 3, 3999], "seed": 77, "dtype": "float16"}
+    body = {"node_ids": [3, 9, 3, 3999] * 5, "seed": 77, "dtype": "float16"}  # 20 >= GSAGE_PREMEAN_MIN_TARGETS
     octet = {"content-type": "application/octet-stream"}
 
     def chain(model: str) -> httpx.Response:
         return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=predict_request.encode(
-            body["node_ids"], [77] * 4, None, model, False, "float16"))
+            body["node_ids"], [77] * 20, None, model, False, "float16"))
 
     chained = chain(env["v1"])
     assert chained.status_code == 200, chained.text

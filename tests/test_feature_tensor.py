@@ -54,13 +54,13 @@ def test_round_trip(dtype):
         np.testing.assert_array_equal(a, b)
 
 
-def _premean_tensor(dtype=np.float32):
+def _premean_tensor(dtype=np.float32, seeds=9):
     g, tree, ft = _tensor()
-    rows, inner, last_mean = premean(ft.features, ft.index)
-    return g, tree, ft, FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_mean.astype(dtype), 10)
+    rows, inner, last_rows, last_mean = premean(ft.features, ft.index, seeds)
+    return g, tree, ft, FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_rows, last_mean.astype(dtype), 10)
 
 
-def test_premean_keeps_the_inner_levels_and_averages_the_last():
+def test_premean_keeps_the_inner_levels_and_averages_each_distinct_hop1_node_once():
     g, tree, ft, pm = _premean_tensor()
     pm.validate()
     assert pm.layout == PREMEAN and pm.fanout == (25, 10) and len(pm.index) == 2
@@ -68,18 +68,39 @@ def test_premean_keeps_the_inner_levels_and_averages_the_last():
     unique, _ = compact(tree)
     assert set(unique[: pm.features.shape[0]]) == set(np.concatenate([tree[0], tree[1][tree[1] >= 0]]))
     np.testing.assert_array_equal(pm.features, ft.features[: pm.features.shape[0]])
-    # per real hop-1 node (row-major): the mean of its sampled hop-2 rows, 0 for none
+    # one entry per distinct hop-1 node (one seed here): each slot points at its node's entry
     hop1 = tree[1].reshape(-1)
+    real = hop1[hop1 >= 0]
+    assert pm.last_rows.size == np.unique(real).size < real.size  # repeats exist and were merged
+    slot_entries = pm.index[1].reshape(-1)
+    np.testing.assert_array_equal(unique[pm.last_rows[slot_entries[slot_entries >= 0]]], real)
+    # an entry's mean is its node's hop-2 sample mean, 0 for none; repeated slots sampled alike
     hop2 = tree[2].reshape(hop1.size, -1)[hop1 >= 0]
-    want = np.stack([g.features[r[r >= 0]].mean(0) if (r >= 0).any() else np.zeros(g.feature_dim) for r in hop2])
-    np.testing.assert_allclose(pm.last_mean, want, rtol=1e-6, atol=1e-6)
-    assert pm.nbytes() < 0.8 * ft.nbytes()  # on the small test graph; ~2.5x fewer rows on the demo graph
+    want = {}
+    for node, r in zip(real, hop2):
+        assert want.setdefault(node, tuple(r)) == tuple(r)  # what makes merging them exact
+    for e, row in enumerate(pm.last_rows):
+        r = np.array(want[unique[row]])
+        np.testing.assert_allclose(pm.last_mean[e], g.features[r[r >= 0]].mean(0) if (r >= 0).any() else 0,
+                                   rtol=1e-6, atol=1e-6)
+    assert pm.nbytes() < 0.7 * ft.nbytes()  # on the small test graph; ~3x fewer rows on the demo graph
     # a node without neighbours (a directed graph's sink) averages to 0, as the dense model's mean
     rows = np.arange(12, dtype=np.float32).reshape(4, 3)
     i32 = lambda a: np.array(a, dtype=np.int32)  # noqa: E731
-    kept, inner, means = premean(rows, [i32([0]), i32([[1, 0]]), i32([[2, 3], [-1, -1]])])
+    kept, inner, last_rows, means = premean(rows, [i32([0]), i32([[1, 0]]), i32([[2, 3], [-1, -1]])], 0)
     np.testing.assert_array_equal(means, [[7.5, 8.5, 9.5], [0, 0, 0]])
-    assert kept.shape[0] == 2 and len(inner) == 2
+    assert kept.shape[0] == 2 and len(inner) == 2 and last_rows.tolist() == [1, 0]
+
+
+def test_premean_keeps_pairs_with_different_seeds_apart():
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    i32 = lambda a: np.array(a, dtype=np.int32)  # noqa: E731
+    index = [i32([0, 0]), i32([[1], [1]]), i32([[2], [3]])]  # node 1 under both targets, sampled apart
+    _, inner, last_rows, means = premean(rows, index, np.array([5, 6]))
+    assert last_rows.tolist() == [1, 1] and inner[1].tolist() == [[0], [1]]
+    np.testing.assert_array_equal(means, [[6, 7, 8], [9, 10, 11]])
+    _, inner, last_rows, _ = premean(rows, [index[0], index[1], i32([[2], [2]])], np.array([5, 5]))
+    assert last_rows.tolist() == [1] and inner[1].tolist() == [[0], [0]]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -88,17 +109,24 @@ def test_premean_round_trip_and_rejections(dtype):
     back = decode(encode(pm))
     assert back.layout == PREMEAN and back.fanout == pm.fanout and back.last_fanout == 10
     np.testing.assert_array_equal(back.last_mean, pm.last_mean)
+    np.testing.assert_array_equal(back.last_rows, pm.last_rows)
     np.testing.assert_array_equal(back.features, pm.features)
-    with pytest.raises(FeatureTensorError, match="one row per real node"):
-        FeatureTensor(pm.features, pm.index, last_mean=pm.last_mean[:-1], last_fanout=10).validate()
+    with pytest.raises(FeatureTensorError, match="one row per entry"):
+        FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean[:-1], last_fanout=10).validate()
+    with pytest.raises(FeatureTensorError, match="outside last_rows"):
+        FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows[:-1], last_mean=pm.last_mean[:-1],
+                      last_fanout=10).validate()
+    with pytest.raises(FeatureTensorError, match="last_rows points outside"):
+        FeatureTensor(pm.features[:2], [np.zeros(1, np.int32), pm.index[1][:1]], last_rows=pm.last_rows,
+                      last_mean=pm.last_mean, last_fanout=10).validate()
     with pytest.raises(FeatureTensorError, match="last hop's fanout"):
-        FeatureTensor(pm.features, pm.index, last_mean=pm.last_mean).validate()
+        FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean).validate()
     arrays = {"features": pm.features, "idx0": pm.index[0], "idx1": pm.index[1]}
-    with pytest.raises(FeatureTensorError, match="carries last_mean"):  # premean declared, no means sent
-        decode(wire.pack(arrays, {"layout": PREMEAN, "last_fanout": 10}))
+    with pytest.raises(FeatureTensorError, match="carries last_rows and last_mean"):  # premean declared, nothing sent
+        decode(wire.pack({**arrays, "last_mean": pm.last_mean}, {"layout": PREMEAN, "last_fanout": 10}))
+    other = np.float32 if dtype == np.float16 else np.float16
     with pytest.raises(FeatureTensorError, match="dtype of features"):
-        decode(wire.pack({**arrays, "last_mean": pm.last_mean.astype(np.float64 if dtype == np.float32 else np.float32)
-                          .astype(np.float32 if dtype == np.float16 else np.float16)},
+        decode(wire.pack({**arrays, "last_rows": pm.last_rows, "last_mean": pm.last_mean.astype(other)},
                          {"layout": PREMEAN, "last_fanout": 10}))
 
 

@@ -163,9 +163,11 @@ def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
         assert_close_same_argmax(out["logits"], want_logits)
 
 
-def as_premean(ft: FeatureTensor, dtype=np.float32) -> FeatureTensor:
-    rows, inner, last_mean = premean(ft.features, ft.index)
-    return FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_mean.astype(dtype), ft.fanout[-1])
+def as_premean(ft: FeatureTensor, dtype=np.float32, seed: int = 0) -> FeatureTensor:
+    """What the FeatureRunner sends for a tensor sampled with one seed (repeated hop-1 nodes
+    become one entry)."""
+    rows, inner, last_rows, last_mean = premean(ft.features, ft.index, seed)
+    return FeatureTensor(rows.astype(dtype), inner, ft.snapshot, last_rows, last_mean.astype(dtype), ft.fanout[-1])
 
 
 def test_premean_input_gives_the_full_rows_answer(model_store):
@@ -177,6 +179,7 @@ def test_premean_input_gives_the_full_rows_answer(model_store):
     hubs = np.argsort(-g.degrees(), kind="stable")
     full = [feature_tensor(t, f, s)[0] for t, f, s in [(parity_targets(g, 40, seed=2), (25, 10), 1),
                                                         (hubs[:9], (10, 4), 2), (np.arange(50, 60), (25, 10), 3)]]
+    assert as_premean(full[0]).last_rows.size < (full[0].index[1] >= 0).sum()  # repeated hop-1 nodes merged
     for backend in ("onnx", "torch"):
         registry = ModelRegistry(backend)
         assert registry.load(tag).input_layouts == [LAYOUT, PREMEAN]

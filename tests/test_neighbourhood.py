@@ -269,9 +269,10 @@ def test_premean_requests_get_the_full_tensor_premeaned_in_merged_batches_too(gr
         if not req.premean:
             assert got.layout != PREMEAN
             continue
-        rows, inner, last_mean = premean(full.features, full.index)
+        rows, inner, last_rows, last_mean = premean(full.features, full.index, s)
         assert got.layout == PREMEAN and got.fanout == full.fanout and got.features.dtype == np.dtype(d)
         np.testing.assert_array_equal(got.features, rows.astype(d))
+        np.testing.assert_array_equal(got.last_rows, last_rows)
         np.testing.assert_array_equal(got.last_mean, last_mean.astype(d))
         for a, w in zip(got.index, inner):
             np.testing.assert_array_equal(a, w)

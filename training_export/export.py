@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runners.dense_model import DenseGraphSAGE, PremeanInputs
+from runners.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
 from runners.feature_tensor import LAYOUT, PREMEAN, compact, premean
 from runners.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, ONNX_PREMEAN_FILE, STATE_DICT_FILE, TENSORRT_DIR
 from runners.model_config import ModelConfig
@@ -55,9 +55,9 @@ def export_onnx(dense: DenseGraphSAGE, path: str, premean: bool = False) -> str:
     module: torch.nn.Module = dense
     if premean:
         module = PremeanInputs(dense)
-        example.append(torch.zeros(rows, cfg.in_dim))
-        names.append("last_mean")
-        dynamic["last_mean"] = {0: "rows_last_mean"}
+        example += [torch.zeros(rows, dtype=torch.int32), torch.zeros(rows, cfg.in_dim)]
+        names += ["last_rows", "last_mean"]
+        dynamic.update(last_rows={0: "entries"}, last_mean={0: "entries"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LSTM batch-size warnings of the TorchScript exporter
         torch.onnx.export(
@@ -69,9 +69,9 @@ def export_onnx(dense: DenseGraphSAGE, path: str, premean: bool = False) -> str:
 
 def export_all(dense: DenseGraphSAGE, directory: str) -> list[str]:
     """Every served graph of the model into ``directory``: ``model.onnx`` and, for the mean
-    aggregator, ``model_premean.onnx``."""
+    aggregator with 2+ layers, ``model_premean.onnx``."""
     paths = [export_onnx(dense, os.path.join(directory, ONNX_FILE))]
-    if dense.cfg.aggregator == "mean":
+    if supports_premean(dense.cfg):
         paths.append(export_onnx(dense, os.path.join(directory, ONNX_PREMEAN_FILE), premean=True))
     return paths
 
@@ -113,9 +113,10 @@ def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, c
     }
     diffs = [result["max_abs_diff_torch"], result["max_abs_diff_onnx"]]
     if premean_path is not None:
-        rows, inner, last_mean = premean(feats, index)
+        rows, inner, last_rows, last_mean = premean(feats, index, np.full(targets.size, seed))
         session = ort.InferenceSession(premean_path, providers=["CPUExecutionProvider"])
-        feed = {"features": rows, **{f"idx{d}": idx for d, idx in enumerate(inner)}, "last_mean": last_mean}
+        feed = {"features": rows, **{f"idx{d}": idx for d, idx in enumerate(inner)}, "last_rows": last_rows,
+                "last_mean": last_mean}
         premean_logits = session.run(["logits"], feed)[0]
         result["max_abs_diff_onnx_premean"] = float(np.abs(ref_np - premean_logits).max())
         result["argmax_equal"] = bool(result["argmax_equal"] and (ref_np.argmax(1) == premean_logits.argmax(1)).all())
@@ -137,7 +138,7 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
             "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes, "task": cfg.task,
             "graph_snapshot": snapshot_tag, "metrics": metrics, "parity": parity,
             "tensorrt_engines": {}, "input_layout": LAYOUT,
-            "input_layouts": [LAYOUT, PREMEAN] if cfg.aggregator == "mean" else [LAYOUT]}
+            "input_layouts": [LAYOUT, PREMEAN] if supports_premean(cfg) else [LAYOUT]}
     with bentoml.models.create(
         MODEL_NAME,
         labels={"aggregator": cfg.aggregator, "task": cfg.task, **(labels or {})},

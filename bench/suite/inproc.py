@@ -84,13 +84,15 @@ def main() -> None:
                  "b4_threads_all": {}, "b3_no_l1": {}}
 
     def b3(ids: np.ndarray) -> np.ndarray:
-        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)), premean=premean)
+        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)),
+                               premean=premean and ids.size >= settings.premean_min_targets)
         (ft,) = loop.run_until_complete(builder.build([req]))
         (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
         return res["probs"]
 
     def b3_bare(ids: np.ndarray) -> np.ndarray:
-        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)), premean=premean)
+        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)),
+                            premean=premean and ids.size >= settings.premean_min_targets)
         (ft,) = loop.run_until_complete(bare.build([req]))
         (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
         return res["probs"]
