@@ -160,9 +160,14 @@ def _normalise_weights(model: str, pairs: Sequence[tuple[str, Any]]) -> tuple[Ro
         if tag in seen:
             raise InvalidWeights(f"{tag} is listed twice")
         seen[tag] = float(weight)
-    total = math.fsum(seen.values())
-    if not total > 0:
+    top = max(seen.values())
+    if not top > 0:
         raise InvalidWeights(f"model {model!r}: the weights sum to 0; at least one must be > 0")
+    try:
+        total = math.fsum(seen.values())
+    except OverflowError:  # weights near the float maximum (a 500 found by the OpenAPI fuzzer)
+        seen = {tag: w / top for tag, w in seen.items()}
+        total = math.fsum(seen.values())
     return tuple(Route(tag, w / total) for tag, w in seen.items())
 
 

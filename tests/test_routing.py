@@ -104,6 +104,10 @@ def test_set_weights_keeps_route_order_whatever_the_argument_order():
     t.set_weights("graphsage", {"v3": 1, "v1": 1, "v2": 2})  # short versions, new one appended
     assert [r.version for r in t.routes("graphsage")] == [V1, V2, V3]
     assert [r.weight for r in t.routes("graphsage")] == [0.25, 0.5, 0.25]
+    # weights near the float maximum: their sum would overflow (a 500 found by the fuzzer)
+    t.set_weights("graphsage", {V1: 1.6397000559726396e308, V2: 9.667194229306633e307})
+    w1, w2 = (r.weight for r in t.routes("graphsage"))
+    assert w1 + w2 == pytest.approx(1.0) and w1 / w2 == pytest.approx(1.6397000559726396 / 0.9667194229306633)
 
 
 def test_promote_and_rollback():
