@@ -55,8 +55,9 @@ class OnnxBackend:
             self._sessions[layout, np.float16] = ort.InferenceSession(
                 _with_float16_inputs(path), sess_options=opts, providers=providers)
         # The premean graph's signature ends with (last_rows, last_mean); any other is not served.
-        premean_inputs = [i.name for i in self._sessions["premean", np.float32].get_inputs()] if "premean" in graphs else []
-        self.supports_premean = premean_inputs[-2:] == ["last_rows", "last_mean"]
+        premean = self._sessions.get(("premean", np.float32))
+        self.supports_premean = premean is not None and [i.name for i in premean.get_inputs()][-2:] == [
+            "last_rows", "last_mean"]
         self.session = self._sessions["levels", np.float32]
         self.name = "onnx-" + ("cuda" if providers[0].startswith("CUDA") else "cpu")
 

@@ -137,7 +137,7 @@ class FeatureRunner:
         deadline = asyncio.get_running_loop().time() + self._infer_timeout_s
         premean = (self._premean_enabled and node_ids.size >= self._premean_min_targets
                    and await self._premean_for(model, deadline))
-        for attempt in (premean, False)[: 1 + premean]:
+        for attempt in ((True, False) if premean else (False,)):  # premean first, full rows if refused
             ft = await self._tensor(node_ids, fanout, seed, dtype, seeds, attempt)
             body = encode(ft, prefix=wire.envelope_head({"model": model, "embedding": embedding}))
             feature_metrics().bytes.observe(len(body))

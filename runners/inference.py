@@ -37,7 +37,7 @@ class LoadedModel:
 
     @property
     def input_layouts(self) -> list[str]:
-        return [LAYOUT, PREMEAN] if getattr(self.backend, "supports_premean", False) else [LAYOUT]
+        return [LAYOUT, PREMEAN] if self.backend.supports_premean else [LAYOUT]
 
     def describe(self) -> dict[str, Any]:
         cfg = self.artifacts.config

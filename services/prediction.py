@@ -99,8 +99,9 @@ class _Call:
 
 class PredictionCore:
     """Concurrent requests are coalesced: each batch (per version, fanout and embedding flag)
-    costs one FeatureRunner call and one GraphSAGERunner call instead of two per request. Each
-    request keeps its own seed (``seeds`` per node), so merging changes no answer."""
+    costs one FeatureRunner.predict call (which makes one GraphSAGERunner call) instead of one
+    per request. Each request keeps its own seed (``seeds`` per node), so merging changes no
+    answer."""
 
     def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
                  model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
@@ -145,7 +146,8 @@ class PredictionCore:
     async def _run_group(self, calls: list[_Call]) -> list[Answer | ApiError]:
         first = calls[0]
         if not self.model_breaker.allow():  # no call at all: the model runner is known down
-            return self._model_unavailable(calls, self.model_breaker.retry_after_s(), "circuit open")
+            return self._model_unavailable(calls, self.model_breaker.retry_after_s(),
+                                           "model runner unavailable: circuit open")
         try:
             packed = await self.feature_breaker.call(
                 self._predict, node_ids=[n for c in calls for n in c.req.node_ids], fanout=first.req.fanout,
@@ -153,7 +155,7 @@ class PredictionCore:
                 embedding=first.req.embedding, timeout_s=self.timeout_s, ignore=(RunnerRejected, UpstreamFailed))
         except UpstreamFailed as exc:
             self.model_breaker.record_failure()
-            return self._model_unavailable(calls, 1.0, str(exc).removeprefix("model runner unavailable: "))
+            return self._model_unavailable(calls, 1.0, str(exc))  # the FeatureRunner's words
         except RunnerRejected as exc:
             self.model_breaker.release_probe()  # the input was at fault, whichever runner said so
             if exc.status == 404:
@@ -175,10 +177,10 @@ class PredictionCore:
         return out
 
     @staticmethod
-    def _model_unavailable(calls: list[_Call], retry_after_s: float, reason: str) -> list[Answer | ApiError]:
-        log.warning("GraphSAGERunner unavailable: %s", reason)
+    def _model_unavailable(calls: list[_Call], retry_after_s: float, message: str) -> list[Answer | ApiError]:
+        log.warning(message)
         headers = {"Retry-After": str(max(1, int(np.ceil(retry_after_s))))}
-        return [ApiError(503, f"model runner unavailable: {reason}", headers) for _ in calls]
+        return [ApiError(503, message, headers) for _ in calls]
 
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> Answer:
         reason = f"feature runner unavailable: {_reason(exc)}"
