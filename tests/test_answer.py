@@ -65,10 +65,26 @@ def test_degraded_answer_serves_stale_rows_and_nulls():
 
 
 def test_stale_store_keeps_the_latest_rows_and_its_capacity():
-    stale = StaleAnswers(capacity=3)
+    stale = StaleAnswers(capacity=4)  # generations of 2 rows
     stale.put("v", Answer("v", [1, 2, 3], PROBS[[0, 0, 0]]))
-    stale.put("v", Answer("v", [1], PROBS[[1]]))  # 1 answered again: now the youngest
-    stale.put("v", Answer("v", [4], PROBS[[1]]))  # evicts the oldest, 2
-    assert stale.get("v", 2) is None and stale.get("v", 3) is not None
+    stale.put("v", Answer("v", [1], PROBS[[1]]))  # 1 answered again: its latest row wins
+    stale.put("v", Answer("v", [4], PROBS[[1]]))  # a full young generation: 2 and 3 age out
+    assert stale.get("v", 2) is None and stale.get("v", 3) is None and stale.get("v", 4) is not None
     np.testing.assert_array_equal(stale.get("v", 1)[0], PROBS[1])
-    assert len(stale._data) == 3
+    assert len(stale) == 2
+    assert stale.get("other", 1) is None
+
+
+def test_stale_store_finds_every_node_of_the_last_half_capacity_rows():
+    rng = np.random.default_rng(3)
+    stale = StaleAnswers(capacity=50)
+    history: list[tuple[int, int]] = []  # (node, step of the put), one per row put
+    for step in range(300):
+        nodes = list(dict.fromkeys(rng.integers(0, 80, size=int(rng.integers(1, 8))).tolist()))
+        stale.put("v", Answer("v", nodes, np.full((len(nodes), 2), step, dtype=np.float32)))
+        history.extend((n, step) for n in nodes)
+        assert len(stale) <= stale.capacity
+        latest = dict(history)  # each node's last put
+        for node in {n for n, _ in history[-stale.capacity // 2:]}:
+            got = stale.get("v", node)
+            assert got is not None and got[0][0] == latest[node], (step, node)
