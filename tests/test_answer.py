@@ -88,3 +88,22 @@ def test_stale_store_finds_every_node_of_the_last_half_capacity_rows():
         for node in {n for n, _ in history[-stale.capacity // 2:]}:
             got = stale.get("v", node)
             assert got is not None and got[0][0] == latest[node], (step, node)
+
+
+def test_column_rendering_is_byte_identical_to_the_per_node_path():
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n, classes = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        probs = (rng.random((n, classes)) ** int(rng.integers(1, 30))).astype(np.float32)
+        if trial % 7 == 0:
+            probs[0, 0] = np.nan
+        if trial % 5 == 0:
+            probs *= np.float32(1e-30)
+        emb = (rng.normal(size=(n, 3)) * 10.0 ** int(rng.integers(-8, 8))).astype(np.float32) if trial % 2 else None
+        stale = trial % 3 == 0
+        answer = Answer("graphsage:v1", rng.integers(0, 2**40, n).tolist(), probs, embedding=emb, stale=stale,
+                        degraded=stale, degraded_reason='a "quoted" reason' if stale else None)
+        assert answer._json_columns() == answer._json_per_node(), trial
+    # The cases the column path does not take still render.
+    multilabel = Answer("graphsage:v1", [1], PROBS[:1], multilabel=True)
+    assert orjson.loads(multilabel.to_json())["predictions"][0]["labels"] == [1]
