@@ -74,6 +74,22 @@ class DenseSAGELayer(nn.Module):
     def combine(self, root: Tensor, aggregated: Tensor) -> Tensor:
         return self.lin_l(aggregated) + self.lin_r(root)
 
+    @property
+    def projects_first(self) -> bool:
+        """Mean and narrower out than in (the classifier layer): project the neighbours, then
+        average. The mean is linear, so W (sum x / c) + b == (sum W x) / c + b, and the gathered
+        block is [n, k, out] instead of [n, k, in] (10 vs 128 columns on the demo model: ONNX
+        Runtime's Gather + ReduceSum were 31% of a 256-target forward pass)."""
+        return self.aggregator == "mean" and self.lin_l.out_features < self.lin_l.in_features
+
+    def forward_projected(self, root: Tensor, nxt: Tensor, slot_rows: Tensor, mask: Tensor) -> Tensor:
+        """``forward`` for ``projects_first`` layers: ``nxt`` [S, in] the next hop's real rows,
+        ``slot_rows`` [n, k] each slot's row among them (S = padding)."""
+        projected = torch.nn.functional.linear(nxt, self.lin_l.weight)
+        nbr = torch.cat([projected, projected.new_zeros(1, projected.shape[1])])[slot_rows]
+        mean = nbr.sum(-2) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        return mean + self.lin_l.bias + self.lin_r(root)
+
 
 class DenseGraphSAGE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -119,6 +135,9 @@ class DenseGraphSAGE(nn.Module):
                     continue
                 if layer_no == 0:
                     nbr = with_zero[padded_ids[d]]
+                elif conv.projects_first:
+                    out.append(conv.forward_projected(h[d], h[d + 1], slot_rows[d], fmasks[d]))
+                    continue
                 else:
                     nxt = h[d + 1]
                     nbr = torch.cat([nxt, nxt.new_zeros(1, nxt.shape[1])])[slot_rows[d]]
