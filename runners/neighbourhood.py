@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runners.cache.tiered import FetchStats, TieredFeatureStore
-from runners.feature_tensor import FeatureTensor, compact, premean
+from runners.feature_tensor import FeatureTensor, PremeanTree, compact
 from runners.narrowing import to_dtype
 from runners.sampling import random_seed, sample_tree
 from runners.snapshot import GraphSnapshot
@@ -63,10 +63,12 @@ class NeighbourhoodBuilder:
         self.last = BatchTimings()
         # Compile (or load) the kernels for this snapshot's array types now, not in the first
         # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
-        unique, index = compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
+        compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                             seed=0))
         if len(self.max_fanout) >= 2:
-            premean(snapshot.features[unique], index, np.zeros(1, np.int64))
+            tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
+                                      np.zeros(1, np.int64))
+            tree.tensor_parts(snapshot.features[tree.unique])
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
                  dtype: str = "float32", seeds: Sequence[int] | np.ndarray | None = None,
@@ -106,8 +108,13 @@ class NeighbourhoodBuilder:
         started = time.perf_counter()
         trees: list[list[np.ndarray]] = [[] for _ in requests]
         by_fanout: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        premean_trees: dict[int, PremeanTree] = {}
         for i, r in enumerate(requests):
-            by_fanout[r.fanout].append(i)
+            if r.premean:  # sampled on its own: the last hop only for its distinct entries
+                premean_trees[i] = PremeanTree.sample(self.snapshot.indptr, self.snapshot.indices, r.node_ids,
+                                                      r.fanout, _seeds_of(r))
+            else:
+                by_fanout[r.fanout].append(i)
         for fan, members in by_fanout.items():
             targets = np.concatenate([requests[i].node_ids for i in members])
             seeds = np.concatenate([_seeds_of(requests[i]) for i in members])
@@ -121,7 +128,8 @@ class NeighbourhoodBuilder:
         # Compact first: a request's distinct ids are its rows. A batch of one (every bulk request)
         # then fetches exactly those rows and uses them as they come, without a second unique over
         # the whole tree and a gather (assemble of a 256-target request, in-process: 13.3 -> 6.6 ms).
-        compacted = [compact(tree) for tree in trees]
+        compacted = [(premean_trees[i].unique, premean_trees[i]) if i in premean_trees else compact(trees[i])
+                     for i in range(len(requests))]
         if len(compacted) == 1:
             all_ids = compacted[0][0]
         else:
@@ -134,10 +142,10 @@ class NeighbourhoodBuilder:
         out = []
         for r, (unique, index) in zip(requests, compacted):
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
-            if r.premean:
-                kept, inner, last_rows, last_mean = premean(feats, index, _seeds_of(r))
+            if isinstance(index, PremeanTree):
+                kept, inner, last_rows, last_mean = index.tensor_parts(feats)
                 out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, self.snapshot.tag, last_rows,
-                                         to_dtype(last_mean, r.dtype), int(index[-1].shape[1])))
+                                         to_dtype(last_mean, r.dtype), r.fanout[-1]))
             else:
                 out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
         assemble_s = compacted_s + (time.perf_counter() - fetched)

@@ -7,6 +7,7 @@ from runners.feature_tensor import (
     PREMEAN,
     FeatureTensor,
     FeatureTensorError,
+    PremeanTree,
     compact,
     decode,
     encode,
@@ -194,3 +195,29 @@ def test_a_raw_body_api_takes_the_body_as_it_arrived():
 
     with pytest.raises(TypeError, match="positional-only bytes"):
         wire.take_raw_body(Typed, "call")
+
+
+@pytest.mark.parametrize("fanout", [(25, 10), (4, 3), (4, 3, 2)])
+@pytest.mark.parametrize("per_target_seeds", [False, True])
+def test_premean_tree_is_the_layout_of_the_fully_sampled_tree_byte_for_byte(fanout, per_target_seeds):
+    """The FeatureRunner samples the last hop once per distinct entry; the tensor must be exactly
+    ``premean`` of the full tree (same ids in the same order, same index, same means)."""
+    g = small_graph()
+    rng = np.random.default_rng(5)
+    for trial in range(8):
+        targets = rng.choice(g.num_nodes // 20, size=int(rng.integers(1, 200)))  # repeats: shared hop-1 nodes
+        seeds = (rng.integers(0, 3, targets.size) * 7919 if per_target_seeds  # merged requests: a few seeds
+                 else np.full(targets.size, int(rng.integers(2**62)), np.int64)).astype(np.int64)
+        unique, index = compact(sample_tree(g.indptr, g.indices, targets, fanout, seed=seeds))
+        want = premean(g.features[unique], index, seeds)
+        tree = PremeanTree.sample(g.indptr, g.indices, targets, fanout, seeds)
+        np.testing.assert_array_equal(tree.unique, unique)
+        got = tree.tensor_parts(g.features[tree.unique])
+        np.testing.assert_array_equal(got[0], want[0])
+        assert len(got[1]) == len(want[1]) == len(fanout)
+        for a, b in zip(got[1], want[1]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got[2], want[2])
+        np.testing.assert_array_equal(got[3], want[3])
+        assert got[2].dtype == np.int32 and tree.last_rows.size <= int((index[-2] >= 0).sum())
