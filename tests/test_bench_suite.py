@@ -40,3 +40,24 @@ def test_targets_prefer_interleaved_windows_and_the_whole_fetch_histogram():
     assert report.retrieval_p99({"stages": levels}) == (pytest.approx(1.5), False)
     whole = {**levels, "feature_fetch": {"p99_s": 0.0012}}
     assert report.retrieval_p99({"stages": whole}) == (pytest.approx(1.2), True)
+
+
+def test_t3_takes_each_monoliths_fastest_variant_and_names_it():
+    from bench.suite import report
+    row = lambda nps: {"256": {"nodes_per_s": nps, "p50_ms": 1.0}}  # noqa: E731
+    inproc = {"b4": row(20_000.0), "b4_threads_all": row(23_000.0), "b4_callers": row(33_000.0), "b3": row(1.0)}
+    best = report._best(inproc, ("b4", "b4_threads_all", "b4_callers"))
+    assert best["nodes_per_s"] == 33_000.0 and best["variant"] == "b4_callers"
+    assert report._variant(best) == "concurrent callers, the best of: 1 thread; all threads; concurrent callers"
+    assert report._best(inproc, ("b3_no_l1",)) is None
+
+
+def test_concurrent_callers_count_every_call_over_the_wall_time():
+    from bench.suite.inproc import _concurrent
+    calls: list[tuple[int, int]] = []
+    make = lambda k: (lambda x: calls.append((k, x)))  # noqa: E731
+    out = _concurrent(make, [1, 2, 3], budget_s=0.05, callers=2, nodes=256)
+    timed = len(calls) - 2  # one untimed call per caller first
+    assert out["calls"] == timed > 0 and out["callers"] == 2
+    assert {k for k, _ in calls} == {0, 1}
+    assert out["nodes_per_s"] <= timed * 256 / 0.05  # counted over at least the budget

@@ -9,6 +9,10 @@ B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate 
 B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
     (gather per slot + edge lists) -> ``PygGraphSAGE`` with the stored ``state_dict.pt`` ->
     softmax; torch with 1 thread (as B3) and with all cores.
+Both also as a monolith serving concurrent callers (``*_callers``): one caller thread per core,
+each with 1 compute thread, calls counted over the same wall time. The served app's best
+bulk figure comes from concurrent requests; this is the monolith's way to use the same cores
+(torch and ONNX Runtime release the GIL while they compute).
 
 Same Zipf(1.0) targets for both. Run as a subprocess so that torch never loads into the driver:
 
@@ -22,6 +26,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -38,6 +43,37 @@ def _stats(secs: np.ndarray, nodes: int) -> dict:
     return {"calls": int(ms.size), "nodes_per_request": nodes, "p50_ms": float(np.percentile(ms, 50)),
             "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
             "mean_ms": float(ms.mean()), "nodes_per_s": nodes / float(secs.mean())}
+
+
+def _concurrent(make_fn, inputs: list, budget_s: float, callers: int, nodes: int) -> dict:
+    """``callers`` threads, each calling its own ``make_fn(k)`` round-robin over ``inputs`` until
+    the budget is spent (after one untimed call each); nodes/s over the wall time of all."""
+    fns = [make_fn(k) for k in range(callers)]
+    for k, fn in enumerate(fns):
+        fn(inputs[k % len(inputs)])
+    times: list[list[float]] = [[] for _ in fns]
+    start = threading.Barrier(callers + 1)
+
+    def loop(k: int) -> None:
+        start.wait()
+        deadline = time.perf_counter() + budget_s
+        while time.perf_counter() < deadline:
+            t = time.perf_counter()
+            fns[k](inputs[(k + len(times[k]) * callers) % len(inputs)])
+            times[k].append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    secs = np.asarray([x for per in times for x in per])
+    out = _stats(secs, nodes)
+    out.update(nodes_per_s=secs.size * nodes / wall, callers=callers)
+    return out
 
 
 def main() -> None:
@@ -81,7 +117,8 @@ def main() -> None:
     out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "b3_premean": premean,
                  "num_nodes": snap.num_nodes,
                  "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0, "b3": {}, "b4": {},
-                 "b4_threads_all": {}, "b3_no_l1": {}}
+                 "b4_threads_all": {}, "b3_no_l1": {}, "b3_callers": {}, "b4_callers": {}}
+    callers = os.cpu_count() or 1
 
     def b3(ids: np.ndarray) -> np.ndarray:
         req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)),
@@ -104,6 +141,30 @@ def main() -> None:
             logits, _ = pyg(xs, edges)
             return torch.softmax(logits, -1).numpy()
 
+    def b3_bare_caller(k: int):
+        """B3 without L1 for one caller thread: its own event loop and seeds (the scan path
+        shares no mutable state; the numba kernels hold the GIL while they run)."""
+        own_loop, own_rng = asyncio.new_event_loop(), np.random.default_rng(a.seed + 1 + k)
+
+        def call(ids: np.ndarray) -> np.ndarray:
+            req = bare.validate(ids.tolist(), None, int(own_rng.integers(2**62)),
+                                premean=premean and ids.size >= settings.premean_min_targets)
+            (ft,) = own_loop.run_until_complete(bare.build([req]))
+            (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
+            return res["probs"]
+        return call
+
+    def b4_caller(k: int):
+        own_rng = np.random.default_rng(a.seed + 1 + k)
+
+        def call(ids: np.ndarray) -> np.ndarray:
+            tree = sample_tree(snap.indptr, snap.indices, ids, fanout, seed=int(own_rng.integers(2**62)))
+            xs, edges = mfg_tensors(tree, snap.features)
+            with torch.inference_mode():
+                logits, _ = pyg(xs, edges)
+                return torch.softmax(logits, -1).numpy()
+        return call
+
     # Warm L1 with every row (the monolith's best case; the served app's L1 is smaller).
     loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))
     out["setup_s"] = round(time.perf_counter() - t0, 1)
@@ -116,9 +177,15 @@ def main() -> None:
         out["b4"][str(n)] = _stats(_timed(b4, inputs, a.budget, min_calls), n)
         torch.set_num_threads(os.cpu_count() or 1)
         out["b4_threads_all"][str(n)] = _stats(_timed(b4, inputs, a.budget / 2, min_calls), n)
+        if n >= 64 and callers > 1:  # bulk: the throughput figure of T3
+            torch.set_num_threads(1)
+            out["b3_callers"][str(n)] = _concurrent(b3_bare_caller, inputs, a.budget / 2, callers, n)
+            out["b4_callers"][str(n)] = _concurrent(b4_caller, inputs, a.budget / 2, callers, n)
         print(f"  in-process {n:>4} nodes: B3 {out['b3'][str(n)]['nodes_per_s']:,.0f} nodes/s "
               f"p99 {out['b3'][str(n)]['p99_ms']:.2f} ms (no L1: {out['b3_no_l1'][str(n)]['nodes_per_s']:,.0f}) | "
-              f"B4 {out['b4'][str(n)]['nodes_per_s']:,.0f} nodes/s",
+              f"B4 {out['b4'][str(n)]['nodes_per_s']:,.0f} nodes/s"
+              + (f" | {callers} callers: B3 {out['b3_callers'][str(n)]['nodes_per_s']:,.0f}, "
+                 f"B4 {out['b4_callers'][str(n)]['nodes_per_s']:,.0f} nodes/s" if str(n) in out["b4_callers"] else ""),
               file=sys.stderr, flush=True)
     out["torch_threads_all"] = os.cpu_count()
     loop.close()

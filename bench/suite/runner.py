@@ -473,10 +473,13 @@ class Suite:
         for nodes in (64, 256, 1024):
             self.load(f"bulk {nodes} zipf c=1", app_r, nodes=nodes, duration=b.bulk, tags={**R, "group": "bulk"})
         self.load("bulk 256 zipf c=4", app_r, nodes=256, concurrency=4, duration=b.bulk, tags={**R, "group": "bulk"})
-        # T3's scenario, each service in turn (the quick run profiles the FeatureRunner only).
+        # Saturation: the gateway merges concurrent bulk requests (up to GSAGE_MAX_NODES_PER_REQUEST
+        # per FeatureRunner call) and all three services stay busy.
+        self.load("bulk 256 zipf c=16", app_r, nodes=256, concurrency=16, duration=b.bulk, tags={**R, "group": "bulk"})
+        # T3's scenario at saturation, each service in turn (the quick run profiles the FeatureRunner only).
         for svc in (("gateway", "feature", "model") if profile and not a.quick else ("feature",) if profile else ()):
-            prof = self.profile(app_r, svc, b.profile, {"name": "bulk 256 zipf c=4", "nodes": 256,
-                                                        "concurrency": 4}, f"{svc}_bulk256")
+            prof = self.profile(app_r, svc, b.profile, {"name": "bulk 256 zipf c=16", "nodes": 256,
+                                                        "concurrency": 16}, f"{svc}_bulk256")
             if prof:
                 self.results["profiles"][f"{svc}_bulk256"] = prof
 
