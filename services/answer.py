@@ -22,6 +22,9 @@ import orjson
 from services.protocol import PredictResponse
 
 MULTILABEL_THRESHOLD = 0.5
+# From this many nodes the column rendering is the cheaper one (in-process: 1 node 4.7 vs 6.9 us,
+# 4 nodes 8.9 vs 7.9 us, 256 nodes 252 vs 213 us).
+COLUMNS_MIN_NODES = 4
 
 
 @dataclasses.dataclass(eq=False)
@@ -61,7 +64,7 @@ class Answer:
 
     def to_json(self) -> bytes:
         if self.multilabel or self.known is not None or not isinstance(self.embedding, (np.ndarray, type(None))) \
-                or self.probs.shape[0] == 0 or self.probs.shape[1] == 0:
+                or self.probs.shape[0] < COLUMNS_MIN_NODES or self.probs.shape[1] == 0:
             return self._json_per_node()
         return self._json_columns()
 
