@@ -657,7 +657,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           "```bash",
           ". .venv/bin/activate && pip install -e '.[bench]'   # matplotlib, py-spy (profiles), locust",
           "python -m bench.suite --quick            # ~2.5 min, no 1M graph -> bench/results/quick/",
-          "python -m bench.suite                    # ~7.5 min (+~4 min once to build the 1M store) -> bench/results/ + docs/",
+          "python -m bench.suite                    # ~10 min (+~4 min once to build the 1M store) -> bench/results/ + docs/",
           "python -m bench.suite --code worktree    # default: a snapshot of the working tree; --code head: of HEAD",
           "python -m bench.suite.report bench/results/suite.json   # re-render this report",
           "locust -f bench/locustfile.py --host http://127.0.0.1:3000   # the same scenarios, interactive",
