@@ -143,7 +143,7 @@ def premean(rows: np.ndarray, index: Sequence[np.ndarray],
     if len(index) < 3:
         raise ValueError("the premean layout needs at least 2 hops")
     inner, last = list(index[:-1]), index[-1]
-    entries, first, slot_rows = _entries(inner, seeds)
+    entries, first, slot_rows, _ = _entries(inner, seeds)
     last_rows = slot_rows[first].astype(np.int32)
     means = np.zeros((first.size, rows.shape[1]), np.float32)
     mean_rows(np.ascontiguousarray(rows, dtype=np.float32), np.ascontiguousarray(last[first]), means)
@@ -152,10 +152,11 @@ def premean(rows: np.ndarray, index: Sequence[np.ndarray],
     return rows[:kept], inner, last_rows, means
 
 
-def _entries(inner: Sequence[np.ndarray], seeds: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _entries(inner: Sequence[np.ndarray],
+             seeds: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The distinct (node, seed) entries of the last level of a compacted tree ``inner`` (levels
     0..L-1): (that level as entry numbers, -1 at padding; each entry's first real slot; each real
-    slot's row), entries numbered in order of first appearance."""
+    slot's row; each real slot's seed), entries numbered in order of first appearance."""
     from runners.kernels import distinct_first
 
     slot_seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), inner[0].shape)
@@ -172,7 +173,7 @@ def _entries(inner: Sequence[np.ndarray], seeds: np.ndarray | int) -> tuple[np.n
     _, entry, first = distinct_first(key)  # each slot's entry; each entry's first slot
     entries = np.full(slots.shape, -1, np.int32)
     entries[real] = entry
-    return entries.reshape(inner[-1].shape), first, slot_rows
+    return entries.reshape(inner[-1].shape), first, slot_rows, slot_seeds
 
 
 @dataclasses.dataclass
@@ -201,12 +202,9 @@ class PremeanTree:
             raise ValueError("the premean layout needs at least 2 hops")
         tree = sample_tree(indptr, indices, targets, fanouts[:-1], seed=seeds)
         inner_ids, inner = compact(tree)
-        entries, first, slot_rows = _entries(inner, seeds)
-        slot_seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), targets.shape)
-        for k in fanouts[:-1]:  # sample_tree's seed of every slot of the last level, padded
-            slot_seeds = np.repeat(slot_seeds, int(k))
-        real_seeds = slot_seeds[tree[-1].reshape(-1) >= 0]
-        last = sample_neighbours(indptr, indices, inner_ids[slot_rows[first]], int(fanouts[-1]), real_seeds[first],
+        entries, first, slot_rows, slot_seeds = _entries(inner, seeds)
+        # Each entry's sample as sample_tree would draw it at its first slot (same node, seed, hop).
+        last = sample_neighbours(indptr, indices, inner_ids[slot_rows[first]], int(fanouts[-1]), slot_seeds[first],
                                  hop=len(fanouts) - 1)
         unique, positions = distinct_positions(np.concatenate([inner_ids, last.reshape(-1)]))
         last_index = positions[inner_ids.size:].reshape(last.shape)

@@ -63,8 +63,7 @@ class NeighbourhoodBuilder:
         self.last = BatchTimings()
         # Compile (or load) the kernels for this snapshot's array types now, not in the first
         # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
-        compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
-                                            seed=0))
+        compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, seed=0))
         if len(self.max_fanout) >= 2:
             tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                       np.zeros(1, np.int64))

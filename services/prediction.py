@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable

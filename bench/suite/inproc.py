@@ -120,43 +120,16 @@ def main() -> None:
                  "b4_threads_all": {}, "b3_no_l1": {}, "b3_callers": {}, "b4_callers": {}}
     callers = os.cpu_count() or 1
 
-    def b3(ids: np.ndarray) -> np.ndarray:
-        req = builder.validate(ids.tolist(), None, int(rng.integers(2**62)),
-                               premean=premean and ids.size >= settings.premean_min_targets)
-        (ft,) = loop.run_until_complete(builder.build([req]))
-        (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
-        return res["probs"]
-
-    def b3_bare(ids: np.ndarray) -> np.ndarray:
-        req = bare.validate(ids.tolist(), None, int(rng.integers(2**62)),
-                            premean=premean and ids.size >= settings.premean_min_targets)
-        (ft,) = loop.run_until_complete(bare.build([req]))
-        (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
-        return res["probs"]
-
-    def b4(ids: np.ndarray) -> np.ndarray:
-        tree = sample_tree(snap.indptr, snap.indices, ids, fanout, seed=int(rng.integers(2**62)))
-        xs, edges = mfg_tensors(tree, snap.features)
-        with torch.inference_mode():
-            logits, _ = pyg(xs, edges)
-            return torch.softmax(logits, -1).numpy()
-
-    def b3_bare_caller(k: int):
-        """B3 without L1 for one caller thread: its own event loop and seeds (the scan path
-        shares no mutable state; the numba kernels hold the GIL while they run)."""
-        own_loop, own_rng = asyncio.new_event_loop(), np.random.default_rng(a.seed + 1 + k)
-
+    def make_b3(nb: NeighbourhoodBuilder, own_loop: asyncio.AbstractEventLoop, own_rng: np.random.Generator):
         def call(ids: np.ndarray) -> np.ndarray:
-            req = bare.validate(ids.tolist(), None, int(own_rng.integers(2**62)),
-                                premean=premean and ids.size >= settings.premean_min_targets)
-            (ft,) = own_loop.run_until_complete(bare.build([req]))
+            req = nb.validate(ids.tolist(), None, int(own_rng.integers(2**62)),
+                              premean=premean and ids.size >= settings.premean_min_targets)
+            (ft,) = own_loop.run_until_complete(nb.build([req]))
             (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
             return res["probs"]
         return call
 
-    def b4_caller(k: int):
-        own_rng = np.random.default_rng(a.seed + 1 + k)
-
+    def make_b4(own_rng: np.random.Generator):
         def call(ids: np.ndarray) -> np.ndarray:
             tree = sample_tree(snap.indptr, snap.indices, ids, fanout, seed=int(own_rng.integers(2**62)))
             xs, edges = mfg_tensors(tree, snap.features)
@@ -164,6 +137,16 @@ def main() -> None:
                 logits, _ = pyg(xs, edges)
                 return torch.softmax(logits, -1).numpy()
         return call
+
+    b3, b3_bare, b4 = make_b3(builder, loop, rng), make_b3(bare, loop, rng), make_b4(rng)
+
+    def b3_bare_caller(k: int):
+        """B3 without L1 for one caller thread: its own event loop and seeds (the scan path
+        shares no mutable state; the numba kernels hold the GIL while they run)."""
+        return make_b3(bare, asyncio.new_event_loop(), np.random.default_rng(a.seed + 1 + k))
+
+    def b4_caller(k: int):
+        return make_b4(np.random.default_rng(a.seed + 1 + k))
 
     # Warm L1 with every row (the monolith's best case; the served app's L1 is smaller).
     loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))
