@@ -7,11 +7,21 @@ company unless ``max_delay_s`` asks it to. The batcher does not know
 what it batches: the handler receives a list of items and returns one result per item.
 (After MLServer's ``batching/adaptive.py`` and Ray Serve's ``@serve.batch``.)
 
-Idle fast path: with ``max_delay_s == 0``, an item that finds the queue empty and a slot free is
-a batch of one whatever happens next, so ``submit`` runs the handler in the caller's own task,
-skipping the queue, the collector's wake-up and a task per batch (three event-loop turns; the
-batcher sits in every hop of a request: gateway coalescer, feature runner, model runner).
-The worker takes a slot only once it holds an item, so an idle worker never blocks this path.
+Several slots (``max_concurrent > 1``) are for pipelining full batches: while one batch is in
+flight, the next starts only once it is full (``max_batch_size`` units waiting); a partial batch
+waits for the running ones to finish and takes what arrived meanwhile. The gateway's coalescer
+thus pipelines bulk calls (the FeatureRunner builds one call's tensor while the model runner
+computes another's) and merges single-node traffic into fewer, larger calls instead of starting
+a call of one for each request that found a slot free. Measured with the suite's processes,
+windows interleaved with B2: single node c=32 0.62 -> 0.72x B2, c=8 157 -> 186 req/s (P99 77 ->
+56 ms); bulk 256 at c=16 28.5k -> 30.7k nodes/s.
+
+Idle fast path: with ``max_delay_s == 0``, an item that finds the queue empty and nothing in
+flight is a batch of one whatever happens next, so ``submit`` runs the handler in the caller's
+own task, skipping the queue, the collector's wake-up and a task per batch (three event-loop
+turns; the batcher sits in every hop of a request: gateway coalescer, feature runner, model
+runner). The worker takes a slot only once it holds an item, so an idle worker never blocks
+this path.
 """
 
 from __future__ import annotations
@@ -57,34 +67,55 @@ class AdaptiveBatcher(Generic[T, R]):
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R], float]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(max_concurrent)
+        self._in_flight = 0  # slots held: batches running, or being collected by the worker
+        self._queued_units = 0
+        self._changed = asyncio.Event()  # an item queued or a batch done: a waiting partial batch looks again
         self._running: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> R:
-        if self.max_delay_s <= 0 and self._queue.empty() and not self._slots.locked():
+        if self.max_delay_s <= 0 and self._queue.empty() and self._in_flight == 0:
             return await self._run_alone(item)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run())
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queued_units += self.size_of(item)
         await self._queue.put((item, future, time.perf_counter()))
+        self._changed.set()
         return await future
 
     async def _run_alone(self, item: T) -> R:
-        await self._slots.acquire()  # free (checked by the caller, no await since): no suspension
+        await self._take_slot()  # free (checked by the caller, no await since): no suspension
         started = time.perf_counter()
         try:
             results = await self.handler([item])
             if len(results) != 1:
                 raise RuntimeError(f"handler returned {len(results)} results for 1 items")
         finally:
-            self._slots.release()
+            self._release_slot()
             self._record([(item, None, started)], started)  # type: ignore[list-item]
         return results[0]
 
+    async def _take_slot(self) -> None:
+        await self._slots.acquire()
+        self._in_flight += 1
+
+    def _release_slot(self) -> None:
+        self._slots.release()
+        self._in_flight -= 1
+        self._changed.set()
+
+    def _dequeued(self, entry: tuple[T, asyncio.Future[R], float]) -> tuple[T, asyncio.Future[R], float]:
+        self._queued_units -= self.size_of(entry[0])
+        return entry
+
     async def _collect(self) -> list[tuple[T, asyncio.Future[R], float]]:
-        first = await self._queue.get()
-        await self._slots.acquire()  # everything that queued while all slots were busy joins below
+        first = self._dequeued(await self._queue.get())
+        await self._take_slot()  # everything that queued while all slots were busy joins below
         batch = [first]
         units = self.size_of(batch[0][0])
+        while self._in_flight > 1 and units + self._queued_units < self.max_batch_size:
+            self._changed.clear()  # another batch runs and this one is not full: wait for either to change
+            await self._changed.wait()
         deadline = batch[0][2] + self.max_delay_s
         while units < self.max_batch_size:
             if self._queue.empty():
@@ -92,11 +123,11 @@ class AdaptiveBatcher(Generic[T, R]):
                 if remaining <= 0:
                     break
                 try:
-                    nxt = await asyncio.wait_for(self._queue.get(), remaining)
+                    nxt = self._dequeued(await asyncio.wait_for(self._queue.get(), remaining))
                 except asyncio.TimeoutError:
                     break
             else:
-                nxt = self._queue.get_nowait()
+                nxt = self._dequeued(self._queue.get_nowait())
             size = self.size_of(nxt[0])
             if units + size > self.max_batch_size:
                 await self._requeue_front(nxt)
@@ -112,13 +143,14 @@ class AdaptiveBatcher(Generic[T, R]):
             rest.append(self._queue.get_nowait())
         for e in [entry, *rest]:
             self._queue.put_nowait(e)
+        self._queued_units += self.size_of(entry[0])
 
     async def _run(self) -> None:
         while True:
             batch = await self._collect()
             live = [(item, fut, t) for item, fut, t in batch if not fut.cancelled()]
             if not live:
-                self._slots.release()
+                self._release_slot()
                 continue
             task = asyncio.get_running_loop().create_task(self._dispatch(live))
             self._running.add(task)  # keep a reference until it is done
@@ -139,7 +171,7 @@ class AdaptiveBatcher(Generic[T, R]):
                 if not fut.done():
                     fut.set_result(res)
         finally:
-            self._slots.release()
+            self._release_slot()
         self._record(live, started)
 
     def _record(self, live: list[tuple[T, asyncio.Future[R], float]], started: float) -> None:

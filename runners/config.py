@@ -103,7 +103,9 @@ class Settings:
     routing_file: str = ""
     # The gateway's deadline for one FeatureRunner.predict call, the model call inside it included.
     runner_timeout_s: float = 2.0
-    coalesce_max_inflight: int = 4  # merged runner calls in flight per gateway worker
+    # Merged runner calls in flight per gateway worker. Beyond the first, only full calls
+    # (max_nodes_per_request nodes) start: bulk traffic pipelines, small requests merge instead.
+    coalesce_max_inflight: int = 4
     breaker_failures: int = 5
     breaker_reset_s: float = 2.0
     grpc_port: int = 50051
