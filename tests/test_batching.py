@@ -279,6 +279,12 @@ def test_max_concurrent_runs_batches_side_by_side():
     assert asyncio.run(run(3)) == 3
 
 
+async def _settle() -> None:
+    """Let every task that can run, run (enough event-loop turns for the batcher's worker)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 def test_a_partial_batch_waits_for_the_batch_in_flight_and_takes_what_arrived_meanwhile():
     async def main():
         gate = asyncio.Event()
@@ -287,8 +293,7 @@ def test_a_partial_batch_waits_for_the_batch_in_flight_and_takes_what_arrived_me
         first = asyncio.ensure_future(b.submit(0))
         await asyncio.sleep(0)  # 0 runs alone and blocks on the gate
         rest = [asyncio.ensure_future(b.submit(i)) for i in (1, 2, 3)]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await _settle()
         assert handler.calls == [[0]]  # a free slot, but 3 of 8 units: no second call yet
         gate.set()
         assert await asyncio.gather(first, *rest) == [("done", i) for i in range(4)]
@@ -305,12 +310,10 @@ def test_a_full_batch_runs_beside_the_one_in_flight():
         first = asyncio.ensure_future(b.submit(0))
         await asyncio.sleep(0)
         pair = [asyncio.ensure_future(b.submit(i)) for i in (1, 2)]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await _settle()
         assert handler.calls == [[0], [1, 2]]  # full: pipelined with the first
         late = asyncio.ensure_future(b.submit(3))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await _settle()
         assert handler.calls == [[0], [1, 2]]  # both slots busy
         gate.set()
         assert await asyncio.gather(first, *pair, late) == [("done", i) for i in range(4)]
