@@ -140,11 +140,28 @@ class SplitApp:
         return "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in (self.gateway, self.feature, self.model))
 
 
+class Outcomes(Counter):
+    """Outcome counts of a load run, with the first message seen for each outcome that is not a
+    full answer (the error body, the degraded reason): a failed assertion then says why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_message: dict[str, str] = {}
+
+    def add(self, outcome: str | int, message: str | None = None) -> None:
+        self[outcome] += 1
+        if message is not None:
+            self.first_message.setdefault(str(outcome), message[:300])
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()}, first messages: {self.first_message}"
+
+
 async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurrency: int,
-                      body_fn: Callable[[int, int], dict]) -> Counter:
+                      body_fn: Callable[[int, int], dict]) -> Outcomes:
     """Closed-loop load for a bounded time. Outcomes: the answering model tag (full answers),
     ``"degraded"``, an HTTP status, or an exception name."""
-    outcomes: Counter = Counter()
+    outcomes = Outcomes()
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=concurrency)) as client:
         async def worker(w: int) -> None:
@@ -153,12 +170,15 @@ async def closed_loop(url: str, headers: dict[str, str], seconds: float, concurr
                 try:
                     r = await client.post(url, json=body_fn(w, n), headers=headers)
                     if r.status_code != 200:
-                        outcomes[r.status_code] += 1
+                        outcomes.add(r.status_code, r.text)
                     else:
                         body = r.json()
-                        outcomes["degraded" if body["degraded"] else body["model"]] += 1
+                        if body["degraded"]:
+                            outcomes.add("degraded", body.get("degraded_reason") or "")
+                        else:
+                            outcomes.add(body["model"])
                 except httpx.HTTPError as exc:
-                    outcomes[type(exc).__name__] += 1
+                    outcomes.add(type(exc).__name__, repr(exc))
                 n += 1
 
         await asyncio.gather(*(worker(w) for w in range(concurrency)))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.app_harness import SplitApp, build_demo_store, closed_loop
+from tests.app_harness import Outcomes, SplitApp, build_demo_store, closed_loop
 from tests.redis_servers import RedisCluster3, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,12 +45,12 @@ def app(store, redis):
     app.stop()
 
 
-def record(name: str, load: str, out: Counter, recovery_s: float | None = None) -> dict:
+def record(name: str, load: str, out: Outcomes, recovery_s: float | None = None) -> dict:
     failed = {str(k): v for k, v in out.items() if not str(k).startswith("graphsage:") and k != "degraded"}
     row = {"fault": name, "load": load, "sent": sum(out.values()),
            "answered": sum(v for k, v in out.items() if str(k).startswith("graphsage:")),
            "degraded": out.get("degraded", 0), "failed": sum(failed.values()), "failed_by_status": failed,
-           "recovery_s": recovery_s}
+           "recovery_s": recovery_s, "first_messages": out.first_message}
     print(f"\n{name}: {json.dumps(row)}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -65,7 +64,7 @@ def l2_hits(app: SplitApp) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith('feature_lookups_total{level="l2"'))
 
 
-async def _with_fault(app: SplitApp, seconds: float, concurrency: int, fault) -> Counter:
+async def _with_fault(app: SplitApp, seconds: float, concurrency: int, fault) -> Outcomes:
     load = asyncio.create_task(closed_loop(app.gateway.url + "/predict", {}, seconds, concurrency,
                                            lambda w, n: {"node_ids": [(w * 389 + n * 7) % 4000]}))
     await fault()
