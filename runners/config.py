@@ -112,7 +112,8 @@ class Settings:
 
     @property
     def model_call_timeout_s(self) -> float:
-        """The FeatureRunner's deadline for its model runner call: within the gateway's, so that a
+        """The time the FeatureRunner waits on the model runner for one request (its calls
+        together, its own work in between not counted): within the gateway's deadline, so that a
         slow model runner is reported as such (502 -> 503) rather than as a slow FeatureRunner
         (-> degraded answers); the last quarter is left to sampling and fetching."""
         return 0.75 * self.runner_timeout_s

@@ -27,7 +27,8 @@ from runners.feature_tensor import PREMEAN, FeatureTensor, encode
 from runners.graphsage import GraphSAGERunner
 from runners.metrics import feature_metrics, labelled
 from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
-from runners.remote import UPSTREAM_FAILED, RunnerRejected, failure_reason, http_error, rejecting_client_errors
+from runners.remote import (UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason, http_error,
+                            rejecting_client_errors)
 from runners.snapshot import load_snapshot
 from runners.wire import BinaryBody, take_raw_body
 
@@ -133,16 +134,16 @@ class FeatureRunner:
 
     async def _predict(self, node_ids: np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
                        seeds: np.ndarray | None, model: str, embedding: bool) -> bytes:
-        # One deadline for every model runner call of this request.
-        deadline = asyncio.get_running_loop().time() + self._infer_timeout_s
+        # One budget for every model runner call of this request, spent only while waiting on it.
+        budget = WaitBudget(self._infer_timeout_s)
         premean = (self._premean_enabled and node_ids.size >= self._premean_min_targets
-                   and await self._premean_for(model, deadline))
+                   and await self._premean_for(model, budget))
         for attempt in ((True, False) if premean else (False,)):  # premean first, full rows if refused
             ft = await self._tensor(node_ids, fanout, seed, dtype, seeds, attempt)
             body = encode(ft, prefix=wire.envelope_head({"model": model, "embedding": embedding}))
             feature_metrics().bytes.observe(len(body))
             try:
-                return await asyncio.wait_for(self._infer(body), _left(deadline))
+                return await budget.wait(self._infer(body))
             except RunnerRejected as exc:
                 if not (attempt and exc.status == 422):
                     raise http_error(exc.status, str(exc)) from exc
@@ -154,7 +155,7 @@ class FeatureRunner:
                 raise http_error(UPSTREAM_FAILED, f"model runner unavailable: {failure_reason(exc)}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _premean_for(self, model: str, deadline: float) -> bool:
+    async def _premean_for(self, model: str, budget: WaitBudget) -> bool:
         """Does ``model`` take the premean input? Asked of the model runner once per tag (its
         ``load`` is idempotent and loads the version if needed); its 4xx (unknown version) is
         raised, any failure answers False uncached (the model call will report it)."""
@@ -162,7 +163,7 @@ class FeatureRunner:
         if known is not None:
             return known
         try:
-            info = await asyncio.wait_for(self._describe(model), _left(deadline))
+            info = await budget.wait(self._describe(model))
         except RunnerRejected as exc:
             raise http_error(exc.status, str(exc)) from exc
         except Exception:  # noqa: BLE001
@@ -181,7 +182,3 @@ class FeatureRunner:
 
 
 take_raw_body(FeatureRunner, "predict")
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - asyncio.get_running_loop().time())

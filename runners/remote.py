@@ -16,11 +16,12 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from bentoml.exceptions import BentoMLException
 
 log = logging.getLogger("graphsage.remote")
+T = TypeVar("T")
 
 # BentoML itself never answers 502: a runner that does is relaying its own dependency's failure.
 UPSTREAM_FAILED = 502
@@ -90,6 +91,25 @@ def rejecting_client_errors(fn: Callable[..., Awaitable[bytes]]) -> Callable[...
         raise AssertionError("unreachable")
 
     return call
+
+
+class WaitBudget:
+    """Seconds a caller may spend waiting on one dependency over several calls, spent only while
+    it waits: the FeatureRunner's own work between its model runner calls (sampling, fetching,
+    its batcher's queue) is not the model runner's time, and a slow FeatureRunner must not be
+    reported as a slow model runner (a 503 and a model-breaker failure instead of its own)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    async def wait(self, call: Awaitable[T]) -> T:
+        """``await call`` within what is left; ``TimeoutError`` once it is spent."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            return await asyncio.wait_for(call, max(0.0, self.left))
+        finally:
+            self.left -= loop.time() - started
 
 
 def failure_reason(exc: BaseException) -> str:
