@@ -103,9 +103,12 @@ class Settings:
     routing_file: str = ""
     # The gateway's deadline for one FeatureRunner.predict call, the model call inside it included.
     runner_timeout_s: float = 2.0
-    # Merged runner calls in flight per gateway worker. Beyond the first, only full calls
-    # (max_nodes_per_request nodes) start: bulk traffic pipelines, small requests merge instead.
+    # Merged runner calls in flight per gateway worker. Beside calls in flight, the next starts
+    # once full (max_nodes_per_request nodes) or once it holds coalesce_overlap_ratio times the
+    # nodes of the largest call in flight (inf: only full calls): bulk traffic pipelines, small
+    # requests merge into a few calls of similar size (runners/batching.py has the figures).
     coalesce_max_inflight: int = 4
+    coalesce_overlap_ratio: float = 1.0
     breaker_failures: int = 5
     breaker_reset_s: float = 2.0
     grpc_port: int = 50051

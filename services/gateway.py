@@ -72,6 +72,7 @@ class Gateway:
             cfg.runner_timeout_s,
             max_merge_nodes=cfg.max_nodes_per_request,
             max_inflight=cfg.coalesce_max_inflight,
+            overlap_ratio=cfg.coalesce_overlap_ratio,
         )
         self._next_reload = 0.0
         self.grpc_server: Any = None

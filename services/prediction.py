@@ -129,7 +129,7 @@ class PredictionCore:
 
     def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
                  model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
-                 max_merge_nodes: int = 1024, max_inflight: int = 4) -> None:
+                 max_merge_nodes: int = 1024, max_inflight: int = 4, overlap_ratio: float = 1.0) -> None:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         self.router = router
@@ -140,7 +140,7 @@ class PredictionCore:
         self.stale = stale or StaleAnswers()
         self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
             self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
-            max_concurrent=max_inflight)
+            max_concurrent=max_inflight, overlap_ratio=overlap_ratio)
 
     def route(self, req: PredictRequest) -> str:
         version = req.version

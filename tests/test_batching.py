@@ -321,3 +321,24 @@ def test_a_full_batch_runs_beside_the_one_in_flight():
         assert b._in_flight == 0 and b._queued_units == 0
 
     asyncio.run(main())
+
+
+def test_with_an_overlap_ratio_a_partial_batch_starts_once_it_matches_the_batch_in_flight():
+    async def main():
+        gate = asyncio.Event()
+        handler = Recorder(gate=gate)
+        b = AdaptiveBatcher(handler, max_batch_size=8, max_concurrent=2, overlap_ratio=1.0,
+                            size_of=lambda x: 2 if x == 0 else 1)
+        first = asyncio.ensure_future(b.submit(0))  # 2 units, alone, blocked on the gate
+        await asyncio.sleep(0)
+        one = asyncio.ensure_future(b.submit(1))
+        await _settle()
+        assert handler.calls == [[0]]  # 1 unit < 1.0 x the 2 in flight
+        two = asyncio.ensure_future(b.submit(2))
+        await _settle()
+        assert handler.calls == [[0], [1, 2]]  # 2 units: as large as the batch in flight
+        gate.set()
+        assert await asyncio.gather(first, one, two) == [("done", i) for i in range(3)]
+        assert b._running_units == [] and b._in_flight == 0
+
+    asyncio.run(main())
