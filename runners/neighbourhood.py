@@ -68,6 +68,10 @@ class NeighbourhoodBuilder:
             tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                       np.zeros(1, np.int64))
             tree.tensor_parts(snapshot.features[tree.unique])
+        # Likewise ONNX Runtime's Cast session for float16 rows (runners/narrowing.py): importing
+        # onnx and onnxruntime cost the first float16 request 0.48 s here, ~1.5 s on a 3x slower
+        # machine, where that first request's model call then missed its deadline (a 503 in CI).
+        to_dtype(np.ascontiguousarray(snapshot.features[:1]), "float16")
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
                  dtype: str = "float32", seeds: Sequence[int] | np.ndarray | None = None,
