@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections import defaultdict
@@ -20,8 +19,6 @@ import numpy as np
 from runners.backends import Backend, load_backend
 from runners.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from runners.model_artifacts import ModelArtifacts, load_artifacts
-
-log = logging.getLogger("graphsage.model")
 
 
 class UnknownVersion(LookupError):
@@ -96,7 +93,6 @@ class ModelRegistry:
     def _register(self, artifacts: ModelArtifacts) -> LoadedModel:
         if artifacts.tag not in self._models:
             backend = load_backend(artifacts, self.backend_kind, self.threads)
-            _warm_up(backend, artifacts)
             self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())
         return self._models[artifacts.tag]
 
@@ -112,21 +108,6 @@ class ModelRegistry:
 
     def tags(self) -> set[str]:
         return set(self._models)
-
-
-def _warm_up(backend: Backend, artifacts: ModelArtifacts) -> None:
-    """One forward pass on a one-target tensor at load: the backend's first run allocates and
-    plans, and on a slow 2-core machine the first request otherwise exceeded the FeatureRunner's
-    1.5-s model-call deadline in the tests (a 502 for a healthy runner)."""
-    cfg = artifacts.config
-    index, parents = [np.zeros(1, np.int32)], 1
-    for k in cfg.fanout:
-        index.append(np.zeros((parents, k), np.int32))
-        parents *= k
-    try:
-        backend.run(np.zeros((1, cfg.in_dim), np.float32), index, None)
-    except Exception:  # noqa: BLE001 - a failed warm-up leaves the first request to pay it
-        log.warning("warm-up forward of %s failed", artifacts.tag, exc_info=True)
 
 
 def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
