@@ -381,3 +381,13 @@ def test_seed_in_merged_batch_matches_its_own(graph):
     assert_same_tensor(b, build_one(make_builder(graph), [h], seed=200))
     ma, mb = materialise(a), materialise(b)
     assert not np.array_equal(ma[1][1], mb[1][1])
+
+
+def test_the_builder_prepares_float16_narrowing_before_the_first_request(graph, monkeypatch):
+    """Building ONNX Runtime's Cast session imports onnx and onnxruntime (0.5 s here): a first
+    float16 request that paid it left its model call no time on a slow machine (CI's 503)."""
+    from runners import narrowing
+
+    monkeypatch.setattr(narrowing, "_session", None)
+    make_builder(graph)
+    assert narrowing._session is not None
