@@ -285,13 +285,19 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _first_in_flight(**batcher_options) -> tuple[asyncio.Event, Recorder, AdaptiveBatcher, asyncio.Future]:
+    """A batcher whose first item (0) runs alone and blocks on the returned gate."""
+    gate = asyncio.Event()
+    handler = Recorder(gate=gate)
+    b = AdaptiveBatcher(handler, **batcher_options)
+    first = asyncio.ensure_future(b.submit(0))
+    await asyncio.sleep(0)
+    return gate, handler, b, first
+
+
 def test_a_partial_batch_waits_for_the_batch_in_flight_and_takes_what_arrived_meanwhile():
     async def main():
-        gate = asyncio.Event()
-        handler = Recorder(gate=gate)
-        b = AdaptiveBatcher(handler, max_batch_size=8, max_concurrent=2)
-        first = asyncio.ensure_future(b.submit(0))
-        await asyncio.sleep(0)  # 0 runs alone and blocks on the gate
+        gate, handler, b, first = await _first_in_flight(max_batch_size=8, max_concurrent=2)
         rest = [asyncio.ensure_future(b.submit(i)) for i in (1, 2, 3)]
         await _settle()
         assert handler.calls == [[0]]  # a free slot, but 3 of 8 units: no second call yet
@@ -304,11 +310,7 @@ def test_a_partial_batch_waits_for_the_batch_in_flight_and_takes_what_arrived_me
 
 def test_a_full_batch_runs_beside_the_one_in_flight():
     async def main():
-        gate = asyncio.Event()
-        handler = Recorder(gate=gate)
-        b = AdaptiveBatcher(handler, max_batch_size=2, max_concurrent=2)
-        first = asyncio.ensure_future(b.submit(0))
-        await asyncio.sleep(0)
+        gate, handler, b, first = await _first_in_flight(max_batch_size=2, max_concurrent=2)
         pair = [asyncio.ensure_future(b.submit(i)) for i in (1, 2)]
         await _settle()
         assert handler.calls == [[0], [1, 2]]  # full: pipelined with the first
@@ -325,12 +327,8 @@ def test_a_full_batch_runs_beside_the_one_in_flight():
 
 def test_with_an_overlap_ratio_a_partial_batch_starts_once_it_matches_the_batch_in_flight():
     async def main():
-        gate = asyncio.Event()
-        handler = Recorder(gate=gate)
-        b = AdaptiveBatcher(handler, max_batch_size=8, max_concurrent=2, overlap_ratio=1.0,
-                            size_of=lambda x: 2 if x == 0 else 1)
-        first = asyncio.ensure_future(b.submit(0))  # 2 units, alone, blocked on the gate
-        await asyncio.sleep(0)
+        gate, handler, b, first = await _first_in_flight(  # 0 holds 2 units
+            max_batch_size=8, max_concurrent=2, overlap_ratio=1.0, size_of=lambda x: 2 if x == 0 else 1)
         one = asyncio.ensure_future(b.submit(1))
         await _settle()
         assert handler.calls == [[0]]  # 1 unit < 1.0 x the 2 in flight
