@@ -215,6 +215,16 @@ def cpu_extra(app: dict | None, base: dict | None) -> str:
     return ", ".join(f"{k} {v:+.2f} ms" for k, v in per.items())
 
 
+def machine_speed(cfg: dict) -> str:
+    speeds = cfg.get("machine_speed") or []
+    if not speeds:
+        return ""
+    when = ["at start", "at end"][:len(speeds)]
+    return ("Machine speed (" + ", ".join(when) + "): a pure-Python loop of 10M additions "
+            + " / ".join(f"{x['python_loop_s']:.2f}" for x in speeds) + " s, a wake-up round trip between two processes (pipe ping-pong) "
+            + " / ".join(f"{x['ping_pong_us']:.1f}" for x in speeds) + " us. ")
+
+
 def limited_by(res: dict, tg: list[dict]) -> None:
     """Attach a measured 'what limits it' line to each missed target."""
     s = by_name(res)
@@ -229,6 +239,10 @@ def limited_by(res: dict, tg: list[dict]) -> None:
             t["limit"] = (f"mean {app['mean_ms']:.2f} ms vs B1 {b1['mean_ms']:.2f} ms: +{app['mean_ms'] - b1['mean_ms']:.2f} ms, "
                           f"of which sampling+fetch+assemble+forward {work:.2f} ms and the model batcher's wait "
                           f"{parts['model: queue']:.2f} ms (GSAGE_MAX_BATCH_DELAY_MS); largest: {top_parts(app)}")
+            b3 = res.get("baselines", {}).get("inproc", {}).get("b3", {}).get("1")
+            if b3:
+                t["limit"] += (f"; the same work in one process (B3, 1 node, sampler + ONNX Runtime, L1): mean "
+                               f"{b3['mean_ms']:.2f} ms, {work / b3['mean_ms']:.1f}x less than its stages in the services")
             extra = cpu_extra(app, b1)
             if extra:
                 t["limit"] += f"; CPU per request beyond B1's: {extra}"
@@ -574,6 +588,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           f"{cfg['machine']['python']}; wall time {res.get('elapsed_s', 0):.0f} s. Load average (1/5/15 min) "
           f"at start {'/'.join(f'{x:.2f}' for x in cfg['loadavg_start'])}, at end "
           f"{'/'.join(f'{x:.2f}' for x in cfg.get('loadavg_end', [NAN] * 3))}: other work shared the machine. "
+          + machine_speed(cfg) +
           "Everything ran on loopback; the load generator (asyncio + aiohttp) shares the same 2 cores with the "
           "services, and its CPU is reported with theirs.",
           "",

@@ -53,6 +53,39 @@ class Budget:
         self.profile = max(3.0, self.profile * scale)
 
 
+def machine_speed() -> dict[str, float]:
+    """The machine at that moment, so that runs on different machines can be told apart in their
+    reports: the interpreter (a pure-Python loop of 10M additions, seconds) and a wake-up between
+    two processes (a one-byte pipe ping-pong, round trip in us), which the three services pay on
+    every hop. Two machines read 0.4-0.55 s for the loop while B1 needed 2.6 and 7.7 ms of CPU per
+    request (runs P and R): the loop alone does not say which machine a run had."""
+    t, x = time.perf_counter(), 0
+    for i in range(10_000_000):
+        x += i
+    loop_s = time.perf_counter() - t
+    return {"python_loop_s": loop_s, "ping_pong_us": _ping_pong_us()}
+
+
+def _ping_pong_us(rounds: int = 5000) -> float:
+    child_in_r, child_in_w = os.pipe()
+    child_out_r, child_out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child echoes each byte, then leaves without running any cleanup
+        for _ in range(rounds):
+            os.read(child_in_r, 1)
+            os.write(child_out_w, b"x")
+        os._exit(0)
+    t = time.perf_counter()
+    for _ in range(rounds):
+        os.write(child_in_w, b"x")
+        os.read(child_out_r, 1)
+    elapsed = time.perf_counter() - t
+    os.waitpid(pid, 0)
+    for fd in (child_in_r, child_in_w, child_out_r, child_out_w):
+        os.close(fd)
+    return elapsed / rounds * 1e6
+
+
 def run_cmd(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=procs.CODE_DIR, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
@@ -319,6 +352,10 @@ class Suite:
     def run(self) -> dict:
         a, b = self.args, self.b
         self.log(f"bench suite ({'quick' if a.quick else 'full'}), load average {os.getloadavg()}")
+        speed = machine_speed()
+        self.results["config"]["machine_speed"] = [speed]
+        self.log(f"machine speed: a pure-Python loop of 10M additions {speed['python_loop_s']:.2f} s, "
+                 f"a process ping-pong {speed['ping_pong_us']:.1f} us")
         self.code_dir = tempfile.mkdtemp(prefix="gsage-suite-code-")
         code = procs.snapshot_code(self.code_dir, a.code)
         self.results["config"]["code"] = code
@@ -346,6 +383,7 @@ class Suite:
             with contextlib.suppress(Exception):
                 redis.stop()
         self.results["config"]["loadavg_end"] = os.getloadavg()
+        self.results["config"]["machine_speed"].append(machine_speed())
         shutil.rmtree(self.code_dir, ignore_errors=True)
         self.results["worker_restarts"] = worker_restarts(self.all_procs)
         if self.results["worker_restarts"]:
