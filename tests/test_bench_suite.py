@@ -61,3 +61,15 @@ def test_concurrent_callers_count_every_call_over_the_wall_time():
     assert out["calls"] == timed > 0 and out["callers"] == 2
     assert {k for k, _ in calls} == {0, 1}
     assert out["nodes_per_s"] <= timed * 256 / 0.05  # counted over at least the budget
+
+
+
+def test_ab_variant_environment_is_parsed_or_refused():
+    from bench.suite.ab import parse_env
+
+    assert parse_env("GSAGE_PREMEAN=0,GSAGE_L2_TTL_S=60") == {"GSAGE_PREMEAN": "0", "GSAGE_L2_TTL_S": "60"}
+    assert parse_env("GSAGE_REDIS_URL=") == {"GSAGE_REDIS_URL": ""}
+    assert parse_env("") == {}
+    for bad in ("GSAGE_PREMEAN", "=1"):
+        with pytest.raises(SystemExit, match="KEY=VALUE"):
+            parse_env(bad)

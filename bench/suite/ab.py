@@ -1,0 +1,131 @@
+"""Interleaved A/B of app configurations against a baseline (prints numbers, never asserts).
+
+    python -m bench.suite.ab [--concurrency 1] [--nodes 1] [--rounds 6] [--window 4]
+                             [--variant GSAGE_X=1,GSAGE_Y=2] [--no-redis-side] [--baseline B1|B2|none]
+
+Sides, each its own processes (split ``start-http-server``, as the suite starts them): ``app`` (the
+suite's configuration: L1 at 10% of the features, Redis for L2), ``noredis`` (the same without
+Redis), ``variant`` (the app with ``--variant``'s environment, when given) and the baseline. The
+FeatureRunner + gateway pairs share one model runner. Each side is warmed up, then the sides take
+turns in short windows (A B C, C B A, ...), so that every side meets the same background load: on
+this shared machine a separate window reads the neighbours of its own minute (a side measured
+minutes apart moved T1 by 0.4x). Prints, per side, the pooled latency, each window's P99, the
+ratios to the baseline, and the mean of each stage from the services' own /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from bench.suite import loadgen, procs
+from bench.suite.runner import HOME_100K, Suite, ensure_store, snapshot_counts
+from bench.suite.workload import bodies, make_dist
+from tests.redis_servers import RedisServer, redis_available
+
+
+def parse_env(spec: str) -> dict[str, str]:
+    """``K=V,K=V`` -> dict; raises SystemExit on a malformed entry."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--variant: expected KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace) -> dict[str, procs.Topology]:
+    num_nodes, _ = snapshot_counts(HOME_100K)
+    env = suite.app_env(redis.url, num_nodes)
+    app = procs.real_app("app", HOME_100K, env, suite.logs)
+    model = app.services["model"]
+    out = {"app": app}
+    if not args.no_redis_side:
+        out["noredis"] = procs.real_app("app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model)
+    if args.variant:
+        out["variant"] = procs.real_app("app-variant", HOME_100K, {**env, **parse_env(args.variant)}, suite.logs,
+                                        model=model)
+    if args.baseline == "B1":
+        out["B1"] = procs.trivial_app(HOME_100K, suite.logs)
+    elif args.baseline == "B2":
+        out["B2"] = procs.trivial_single(HOME_100K, suite.logs)
+    return out
+
+
+def stage_means_ms(stages: dict) -> dict[str, float]:
+    return {k: round(v["mean_s"] * 1e3, 3) for k, v in stages.items() if k.endswith(
+        ("_core", "_server", "_sample", "_l1", "_l2", "_origin", "_fetch", "_l1_fill", "_assemble", "_queue", "_compute"))}
+
+
+def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Namespace) -> None:
+    for name, topo in topologies.items():
+        if not name.startswith("B"):  # as the suite warms its app: fills L1 and Redis
+            suite.load(f"warm-up 32-node {name}", topo, nodes=32, concurrency=2, duration=6, record=False, seed=22)
+            suite.load(f"warm-up single {name}", topo, concurrency=8, duration=5, record=False, seed=21)
+    pool = bodies(make_dist("zipf", 100_000, 0), args.nodes, 4000 if args.nodes <= 8 else 400)
+    names = list(topologies)
+    parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
+    before = {k: suite.scrape_all(t) for k, t in topologies.items()}
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            parts[name].append(asyncio.run(loadgen.closed_loop(
+                topologies[name].url, pool, args.concurrency, args.window, suite.b.max_requests,
+                30.0 if args.nodes >= 256 else 10.0, args.nodes, warmup_requests=min(args.concurrency, 8))))
+    after = {k: suite.scrape_all(t) for k, t in topologies.items()}
+    summary = {k: loadgen.LoadResult.pooled(parts[k]).summary() for k in names}
+    print(f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
+          " (the app sides share one model runner: its stages are pooled over them)")
+    for name in names:
+        s = summary[name]
+        windows = [round(float(np.percentile(p.latencies_s, 99) * 1e3), 1) for p in parts[name] if p.ok]
+        print(f"{name:8s} {s['req_per_s']:8.1f} req/s  mean {s['mean_ms']:7.2f}  P50 {s['p50_ms']:7.2f}  "
+              f"P99 {s['p99_ms']:7.2f} ms  errors {s['error_count']}  window P99s {windows}")
+        print(f"{'':8s} stage means (ms): {stage_means_ms(suite.stages(before[name], after[name]))}")
+    base = args.baseline if args.baseline in summary else None
+    if base:
+        for name in names:
+            if name != base:
+                a, b = summary[name], summary[base]
+                print(f"{name}/{base}: P99 {a['p99_ms'] / b['p99_ms']:.2f}x, mean {a['mean_ms'] / b['mean_ms']:.2f}x, "
+                      f"req/s {a['req_per_s'] / b['req_per_s']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.suite.ab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=1, help="node ids per request")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--window", type=float, default=4.0, help="seconds per side per round")
+    p.add_argument("--variant", default="", help="environment of a third side: KEY=VALUE,KEY=VALUE")
+    p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
+    p.add_argument("--baseline", choices=("B1", "B2", "none"), default="B1")
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gsage-ab"), help="service logs")
+    args = p.parse_args(argv)
+    if args.variant:
+        parse_env(args.variant)  # fail before starting anything
+    if not redis_available():
+        raise SystemExit("redis-server is not installed: the app sides need it for L2")
+    suite = Suite(argparse.Namespace(quick=False, scale=1.0, out=args.out, code="worktree"))
+    procs.snapshot_code(tempfile.mkdtemp(prefix="gsage-ab-code-"), "worktree")
+    ensure_store(HOME_100K, [], suite.log)
+    redis = RedisServer(os.path.join(suite.logs, "redis")).start()
+    topologies: dict[str, procs.Topology] = {}
+    try:
+        topologies = sides(suite, redis, args)
+        suite.start(*topologies.values())
+        run(suite, topologies, args)
+    finally:
+        for topo in topologies.values():
+            topo.stop()
+        redis.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
