@@ -215,7 +215,7 @@ def cpu_extra(app: dict | None, base: dict | None) -> str:
     return ", ".join(f"{k} {v:+.2f} ms" for k, v in per.items())
 
 
-def machine_speed(cfg: dict) -> str:
+def machine_line(cfg: dict) -> str:
     speeds = cfg.get("machine_speed") or []
     if not speeds:
         return ""
@@ -588,7 +588,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           f"{cfg['machine']['python']}; wall time {res.get('elapsed_s', 0):.0f} s. Load average (1/5/15 min) "
           f"at start {'/'.join(f'{x:.2f}' for x in cfg['loadavg_start'])}, at end "
           f"{'/'.join(f'{x:.2f}' for x in cfg.get('loadavg_end', [NAN] * 3))}: other work shared the machine. "
-          + machine_speed(cfg) +
+          + machine_line(cfg) +
           "Everything ran on loopback; the load generator (asyncio + aiohttp) shares the same 2 cores with the "
           "services, and its CPU is reported with theirs.",
           "",
