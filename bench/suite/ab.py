@@ -16,16 +16,12 @@ ratios to the baseline, and the mean of each stage from the services' own /metri
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
 
-import numpy as np
-
-from bench.suite import loadgen, procs
+from bench.suite import procs
 from bench.suite.runner import HOME_100K, Suite, ensure_store, snapshot_counts
-from bench.suite.workload import bodies, make_dist
 from tests.redis_servers import RedisServer, redis_available
 
 
@@ -68,32 +64,23 @@ def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Name
         if not name.startswith("B"):  # as the suite warms its app: fills L1 and Redis
             suite.load(f"warm-up 32-node {name}", topo, nodes=32, concurrency=2, duration=6, record=False, seed=22)
             suite.load(f"warm-up single {name}", topo, concurrency=8, duration=5, record=False, seed=21)
-    pool = bodies(make_dist("zipf", 100_000, 0), args.nodes, 4000 if args.nodes <= 8 else 400)
-    names = list(topologies)
-    parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
     before = {k: suite.scrape_all(t) for k, t in topologies.items()}
-    for r in range(args.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            parts[name].append(asyncio.run(loadgen.closed_loop(
-                topologies[name].url, pool, args.concurrency, args.window, suite.b.max_requests,
-                30.0 if args.nodes >= 256 else 10.0, args.nodes, warmup_requests=min(args.concurrency, 8))))
+    rows = suite.paired(topologies, concurrency=args.concurrency, rounds=args.rounds, window=args.window, tags={},
+                        nodes=args.nodes)
     after = {k: suite.scrape_all(t) for k, t in topologies.items()}
-    summary = {k: loadgen.LoadResult.pooled(parts[k]).summary() for k in names}
     print(f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
           " (the app sides share one model runner: its stages are pooled over them)")
-    for name in names:
-        s = summary[name]
-        windows = [round(float(np.percentile(p.latencies_s, 99) * 1e3), 1) for p in parts[name] if p.ok]
-        print(f"{name:8s} {s['req_per_s']:8.1f} req/s  mean {s['mean_ms']:7.2f}  P50 {s['p50_ms']:7.2f}  "
-              f"P99 {s['p99_ms']:7.2f} ms  errors {s['error_count']}  window P99s {windows}")
+    for name, row in rows.items():
+        windows = [round(w["p99_ms"], 1) for w in row["windows"] if w["p99_ms"] is not None]
+        print(f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
+              f"P99 {row['p99_ms']:7.2f} ms  errors {row['error_count']}  window P99s {windows}")
         print(f"{'':8s} stage means (ms): {stage_means_ms(suite.stages(before[name], after[name]))}")
-    base = args.baseline if args.baseline in summary else None
-    if base:
-        for name in names:
-            if name != base:
-                a, b = summary[name], summary[base]
-                print(f"{name}/{base}: P99 {a['p99_ms'] / b['p99_ms']:.2f}x, mean {a['mean_ms'] / b['mean_ms']:.2f}x, "
-                      f"req/s {a['req_per_s'] / b['req_per_s']:.2f}x")
+    base = rows.get(args.baseline)
+    if base is not None:
+        for name, row in rows.items():
+            if row is not base:
+                print(f"{name}/{args.baseline}: P99 {row['p99_ms'] / base['p99_ms']:.2f}x, mean "
+                      f"{row['mean_ms'] / base['mean_ms']:.2f}x, req/s {row['req_per_s'] / base['req_per_s']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -215,7 +215,7 @@ class Suite:
         return row
 
     def paired(self, sides: dict[str, procs.Topology], *, concurrency: int, rounds: int,
-               window: float, tags: dict, seed: int = 0) -> dict[str, dict]:
+               window: float, tags: dict, seed: int = 0, nodes: int = 1) -> dict[str, dict]:
         """Short windows of each side in turn (A B B A, repeated), pooled per side.
 
         The machine is shared: a baseline measured minutes after the app reads the other tenants'
@@ -223,14 +223,14 @@ class Suite:
         Interleaving exposes both sides to the same background; the rounds' own ratios show
         what is left of the noise. Recorded as "<side> (paired)" rows, group "paired".
         """
-        pool = bodies(make_dist("zipf", 100_000, seed), 1, 4000)
+        pool = bodies(make_dist("zipf", 100_000, seed), nodes, 4000 if nodes <= 8 else 400)
         names = list(sides)
         parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
         for r in range(rounds):
             for side in (names if r % 2 == 0 else names[::-1]):
                 parts[side].append(asyncio.run(loadgen.closed_loop(
-                    sides[side].url, pool, concurrency, window, self.b.max_requests, 10.0, 1,
-                    warmup_requests=min(concurrency, 8))))
+                    sides[side].url, pool, concurrency, window, self.b.max_requests, 30.0 if nodes >= 256 else 10.0,
+                    nodes, warmup_requests=min(concurrency, 8))))
         rows = {}
         for side in names:
             res = loadgen.LoadResult.pooled(parts[side])
