@@ -63,7 +63,6 @@ def test_concurrent_callers_count_every_call_over_the_wall_time():
     assert out["nodes_per_s"] <= timed * 256 / 0.05  # counted over at least the budget
 
 
-
 def test_ab_variant_environment_is_parsed_or_refused():
     from bench.suite.ab import parse_env
 

@@ -86,6 +86,15 @@ def _ping_pong_us(rounds: int = 5000) -> float:
     return elapsed / rounds * 1e6
 
 
+def request_pool(dist: str, num_nodes: int, nodes: int, seed: int) -> list[bytes]:
+    """Request bodies of ``nodes`` target ids each: fewer distinct bodies for bigger requests."""
+    return bodies(make_dist(dist, num_nodes, seed), nodes, 4000 if nodes <= 8 else (400 if nodes <= 256 else 100))
+
+
+def request_timeout_s(nodes: int) -> float:
+    return 30.0 if nodes >= 256 else 10.0
+
+
 def run_cmd(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=procs.CODE_DIR, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
@@ -171,13 +180,13 @@ class Suite:
     def load(self, name: str, topo: procs.Topology, *, dist: str = "zipf", nodes: int = 1, concurrency: int = 1,
              rate: float = 0.0, duration: float = 5.0, num_nodes: int = 100_000, tags: dict | None = None,
              record: bool = True, seed: int = 0) -> dict:
-        pool = bodies(make_dist(dist, num_nodes, seed), nodes, 4000 if nodes <= 8 else (400 if nodes <= 256 else 100))
+        pool = request_pool(dist, num_nodes, nodes, seed)
         before = self.scrape_all(topo)
         info0 = self.cache_info(topo)
         cpu0 = topo.cpu_seconds()
         me0 = sum(self.me.cpu_times()[:2])
         load0 = os.getloadavg()[0]
-        timeout = 30.0 if nodes >= 256 else 10.0
+        timeout = request_timeout_s(nodes)
         if rate > 0:
             res = asyncio.run(loadgen.open_loop(topo.url, pool, rate, duration, self.b.max_requests, timeout, nodes))
         else:
@@ -223,13 +232,13 @@ class Suite:
         Interleaving exposes both sides to the same background; the rounds' own ratios show
         what is left of the noise. Recorded as "<side> (paired)" rows, group "paired".
         """
-        pool = bodies(make_dist("zipf", 100_000, seed), nodes, 4000 if nodes <= 8 else 400)
+        pool = request_pool("zipf", 100_000, nodes, seed)
         names = list(sides)
         parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
         for r in range(rounds):
             for side in (names if r % 2 == 0 else names[::-1]):
                 parts[side].append(asyncio.run(loadgen.closed_loop(
-                    sides[side].url, pool, concurrency, window, self.b.max_requests, 30.0 if nodes >= 256 else 10.0,
+                    sides[side].url, pool, concurrency, window, self.b.max_requests, request_timeout_s(nodes),
                     nodes, warmup_requests=min(concurrency, 8))))
         rows = {}
         for side in names:
