@@ -63,6 +63,18 @@ def test_concurrent_callers_count_every_call_over_the_wall_time():
     assert out["nodes_per_s"] <= timed * 256 / 0.05  # counted over at least the budget
 
 
+def test_idle_gap_precedes_each_timed_call_and_is_not_timed():
+    import time
+
+    from bench.suite.workload import time_calls
+    starts: list[float] = []
+    secs = time_calls(lambda x: starts.append(time.perf_counter()), [1, 2], budget_s=0.0, min_calls=5,
+                      warmup=0, idle_s=0.02)
+    assert len(secs) == len(starts) == 5
+    assert min(np.diff(starts)) >= 0.02  # slept before every call
+    assert sum(secs) < 5 * 0.02  # but the sleep is outside the timed interval
+
+
 def test_ab_variant_environment_is_parsed_or_refused():
     from bench.suite.ab import parse_env
 

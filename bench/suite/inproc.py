@@ -9,6 +9,10 @@ B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate 
 B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
     (gather per slot + edge lists) -> ``PygGraphSAGE`` with the stored ``state_dict.pt`` ->
     softmax; torch with 1 thread (as B3) and with all cores.
+B3 at 1 node also after an idle gap before each call (``b3_idle``, ``--idle-ms``): a service at
+concurrency 1 runs its share of a request and then waits ~10 ms for the next, and on a shared VM
+the same code then runs several times slower than back to back (caches gone meanwhile, whether
+the process sleeps or spins; bench/suite/findings.md).
 Both also as a monolith serving concurrent callers (``*_callers``): one caller thread per core,
 each with 1 compute thread, calls counted over the same wall time. The served app's best
 bulk figure comes from concurrent requests; this is the monolith's way to use the same cores
@@ -34,8 +38,8 @@ import numpy as np
 from bench.suite.workload import time_calls
 
 
-def _timed(fn, inputs: list, budget_s: float, min_calls: int) -> np.ndarray:
-    return np.asarray(time_calls(fn, inputs, budget_s, min_calls, max_calls=20_000))
+def _timed(fn, inputs: list, budget_s: float, min_calls: int, idle_s: float = 0.0) -> np.ndarray:
+    return np.asarray(time_calls(fn, inputs, budget_s, min_calls, max_calls=20_000, idle_s=idle_s))
 
 
 def _stats(secs: np.ndarray, nodes: int) -> dict:
@@ -81,6 +85,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     p.add_argument("--sizes", default="1,256")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--idle-ms", type=float, default=10.0,
+                   help="the idle gap before each call of B3's 1-node idle variant (0: skip it)")
     a = p.parse_args()
 
     import torch
@@ -117,7 +123,8 @@ def main() -> None:
     out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "b3_premean": premean,
                  "num_nodes": snap.num_nodes,
                  "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0, "b3": {}, "b4": {},
-                 "b4_threads_all": {}, "b3_no_l1": {}, "b3_callers": {}, "b4_callers": {}}
+                 "b4_threads_all": {}, "b3_no_l1": {}, "b3_callers": {}, "b4_callers": {}, "b3_idle": {},
+                 "idle_ms": a.idle_ms}
     callers = os.cpu_count() or 1
 
     def make_b3(nb: NeighbourhoodBuilder, own_loop: asyncio.AbstractEventLoop, own_rng: np.random.Generator):
@@ -157,6 +164,8 @@ def main() -> None:
         torch.set_num_threads(1)
         out["b3"][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls), n)
         out["b3_no_l1"][str(n)] = _stats(_timed(b3_bare, inputs, a.budget / 2, min_calls), n)
+        if n == 1 and a.idle_ms > 0:
+            out["b3_idle"][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls, idle_s=a.idle_ms / 1e3), n)
         out["b4"][str(n)] = _stats(_timed(b4, inputs, a.budget, min_calls), n)
         torch.set_num_threads(os.cpu_count() or 1)
         out["b4_threads_all"][str(n)] = _stats(_timed(b4, inputs, a.budget / 2, min_calls), n)
@@ -164,12 +173,17 @@ def main() -> None:
             torch.set_num_threads(1)
             out["b3_callers"][str(n)] = _concurrent(b3_bare_caller, inputs, a.budget / 2, callers, n)
             out["b4_callers"][str(n)] = _concurrent(b4_caller, inputs, a.budget / 2, callers, n)
-        print(f"  in-process {n:>4} nodes: B3 {out['b3'][str(n)]['nodes_per_s']:,.0f} nodes/s "
-              f"p99 {out['b3'][str(n)]['p99_ms']:.2f} ms (no L1: {out['b3_no_l1'][str(n)]['nodes_per_s']:,.0f}) | "
-              f"B4 {out['b4'][str(n)]['nodes_per_s']:,.0f} nodes/s"
-              + (f" | {callers} callers: B3 {out['b3_callers'][str(n)]['nodes_per_s']:,.0f}, "
-                 f"B4 {out['b4_callers'][str(n)]['nodes_per_s']:,.0f} nodes/s" if str(n) in out["b4_callers"] else ""),
-              file=sys.stderr, flush=True)
+        k = str(n)
+        line = (f"  in-process {n:>4} nodes: B3 {out['b3'][k]['nodes_per_s']:,.0f} nodes/s p99 "
+                f"{out['b3'][k]['p99_ms']:.2f} ms (no L1: {out['b3_no_l1'][k]['nodes_per_s']:,.0f})")
+        if k in out["b3_idle"]:
+            line += (f" | B3 after {a.idle_ms:g} ms idle: mean {out['b3_idle'][k]['mean_ms']:.2f} ms vs "
+                     f"{out['b3'][k]['mean_ms']:.2f} back to back")
+        line += f" | B4 {out['b4'][k]['nodes_per_s']:,.0f} nodes/s"
+        if k in out["b4_callers"]:
+            line += (f" | {callers} callers: B3 {out['b3_callers'][k]['nodes_per_s']:,.0f}, "
+                     f"B4 {out['b4_callers'][k]['nodes_per_s']:,.0f} nodes/s")
+        print(line, file=sys.stderr, flush=True)
     out["torch_threads_all"] = os.cpu_count()
     loop.close()
     json.dump(out, sys.stdout)

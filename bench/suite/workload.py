@@ -47,15 +47,18 @@ def bodies(dist, nodes_per_request: int, count: int) -> list[bytes]:
 
 
 def time_calls(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 5000,
-               warmup: int = 1) -> list[float]:
+               warmup: int = 1, idle_s: float = 0.0) -> list[float]:
     """Seconds per call of ``fn`` over ``inputs`` round-robin (``warmup`` untimed calls first),
-    at least ``min_calls``, then until the budget is spent."""
+    at least ``min_calls``, then until the budget is spent. ``idle_s``: sleep that long before
+    each call (untimed), as a service idles between requests at low load."""
     for x in inputs[:warmup]:
         fn(x)
     out: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(out) < max_calls and (len(out) < min_calls or time.perf_counter() < deadline):
         x = inputs[len(out) % len(inputs)]
+        if idle_s:
+            time.sleep(idle_s)
         t = time.perf_counter()
         fn(x)
         out.append(time.perf_counter() - t)
