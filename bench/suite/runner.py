@@ -23,7 +23,7 @@ import psutil
 
 from bench.suite import loadgen, procs, promtext
 from bench.suite.workload import bodies, make_dist
-from tests.redis_servers import RedisServer, raw_command, redis_available
+from tests.redis_servers import HOST, RedisServer, raw_command, redis_available
 
 HOME_100K = "/tmp/gsage-bench-home"
 HOME_1M = "/tmp/gsage-bench-home-1m"
@@ -495,8 +495,10 @@ class Suite:
         self.load("single zipf c=1 (end of phase)", app_r, duration=b.short, tags={**R, "group": "single"}, seed=5)
         # T4's floor on this machine in this run: the bare Redis round trip, no service around it.
         mget = self.results["baselines"]["redis_mget"] = redis_mget_baseline(redis, b.inproc)
-        self.log(f"bare Redis MGET of {mget['keys_per_call']} cached rows (suite process, redis-py asyncio): "
-                 f"p50 {mget['p50_ms']:.2f} ms, p99 {mget['p99_ms']:.2f} ms over {mget['calls']} calls")
+        idle = mget["idle"]
+        self.log(f"bare Redis MGET of {mget['keys_per_call']} cached rows (suite process, the FeatureRunner's "
+                 f"connection class): back to back p50 {mget['p50_ms']:.2f} ms, p99 {mget['p99_ms']:.2f} ms; "
+                 f"after {idle['idle_ms']:g} ms idle p50 {idle['p50_ms']:.2f} ms, p99 {idle['p99_ms']:.2f} ms")
         profile = not a.no_profile and not self.over_budget("profiles")
         if profile:
             self.log("-- profiles under load (py-spy, non-blocking)")
@@ -603,12 +605,18 @@ def cache_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
     return out
 
 
-def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int = 150) -> dict[str, Any]:
+def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int = 150,
+                        idle_s: float = 0.010) -> dict[str, Any]:
     """Time MGETs of ``keys_per_call`` random cached feature rows (about one request's L1 misses)
-    straight from this process: what an L2 read costs with no service, batcher or load around it."""
+    straight from this process, through the FeatureRunner's own connection class
+    (``runners.cache.resp``): what an L2 read costs with no service, batcher or load around it.
+    ``seconds / 2`` back to back, then ``seconds`` with ``idle_s`` of sleep before each call, as
+    the FeatureRunner and Redis both idle between requests at c=1 (``idle`` in the result)."""
     import redis.asyncio as aioredis
 
-    async def run() -> list[float]:
+    from runners.cache.resp import RespConnection, pack_command
+
+    async def keys_cached() -> list[bytes]:
         client = aioredis.Redis.from_url(server.url)
         try:
             keys: list[bytes] = []
@@ -616,24 +624,39 @@ def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int 
                 keys.append(key)
                 if len(keys) >= 5000:
                     break
-            rng = np.random.default_rng(0)
-            times: list[float] = []
-            deadline = time.perf_counter() + seconds
-            while keys and time.perf_counter() < deadline and len(times) < 20_000:
-                batch = [keys[i] for i in rng.integers(0, len(keys), keys_per_call)]
-                t0 = time.perf_counter()
-                await client.mget(batch)
-                times.append(time.perf_counter() - t0)
-            return times
+            return keys
         finally:
             await client.aclose()
 
-    ms = np.asarray(asyncio.run(run())) * 1e3
-    if ms.size == 0:
-        nan = float("nan")
-        return {"keys_per_call": keys_per_call, "calls": 0, "p50_ms": nan, "p99_ms": nan, "mean_ms": nan}
-    return {"keys_per_call": keys_per_call, "calls": int(ms.size), "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+    async def run(keys: list[bytes], gap_s: float, budget_s: float) -> list[float]:
+        conn = RespConnection(HOST, server.port)
+        rng = np.random.default_rng(0)
+        times: list[float] = []
+        deadline = time.perf_counter() + budget_s
+        try:
+            while keys and time.perf_counter() < deadline and len(times) < 20_000:
+                command = pack_command(b"MGET", *[keys[i] for i in rng.integers(0, len(keys), keys_per_call)])
+                if gap_s:
+                    await asyncio.sleep(gap_s)
+                t0 = time.perf_counter()
+                await conn.execute(command)
+                times.append(time.perf_counter() - t0)
+            return times
+        finally:
+            conn.close()
+
+    def stats(times: list[float]) -> dict[str, Any]:
+        ms = np.asarray(times) * 1e3
+        if ms.size == 0:
+            nan = float("nan")
+            return {"keys_per_call": keys_per_call, "calls": 0, "p50_ms": nan, "p99_ms": nan, "mean_ms": nan}
+        return {"keys_per_call": keys_per_call, "calls": int(ms.size), "p50_ms": float(np.percentile(ms, 50)),
+                "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+
+    keys = asyncio.run(keys_cached())
+    out = stats(asyncio.run(run(keys, 0.0, seconds / 2)))
+    out["idle"] = {**stats(asyncio.run(run(keys, idle_s, seconds))), "idle_ms": idle_s * 1e3}
+    return out
 
 
 def redis_memory(redis: RedisServer) -> dict[str, float]:
