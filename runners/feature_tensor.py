@@ -96,6 +96,9 @@ class FeatureTensor:
     def _validate_premean(self, rows: int) -> None:
         if len(self.index) < 2 or self.last_rows is None or self.last_rows.ndim != 1:
             raise FeatureTensorError("a premean tensor has at least idx0 and idx1, and last_rows [E]")
+        if not self.last_rows.size:
+            raise FeatureTensorError("a premean tensor needs at least one last-hop entry (send the level layout "
+                                     "when no target has a neighbour)")
         if self.last_mean.shape != (self.last_rows.size, self.features.shape[1]):
             raise FeatureTensorError(f"last_mean must be [{self.last_rows.size}, {self.features.shape[1]}] (one row per "
                                      f"entry of last_rows), got {self.last_mean.shape}")
@@ -165,8 +168,10 @@ def _entries(inner: Sequence[np.ndarray],
     slots = inner[-1].reshape(-1)
     real = slots >= 0
     slot_rows = slots[real].astype(np.int64)
-    if slot_seeds.size and (slot_seeds == slot_seeds[0]).all():
-        key = slot_rows  # one seed (a single request): the row alone tells the pairs apart
+    if not slot_seeds.size or (slot_seeds == slot_seeds[0]).all():
+        # One seed (a single request), or no real slot at all (every target isolated): the row
+        # alone tells the pairs apart.
+        key = slot_rows
     else:
         ranks = np.unique(slot_seeds, return_inverse=True)[1].astype(np.int64)
         key = slot_rows * (int(ranks.max()) + 1) + ranks

@@ -114,10 +114,14 @@ class NeighbourhoodBuilder:
         premean_trees: dict[int, PremeanTree] = {}
         for i, r in enumerate(requests):
             if r.premean:  # sampled on its own: the last hop only for its distinct entries
-                premean_trees[i] = PremeanTree.sample(self.snapshot.indptr, self.snapshot.indices, r.node_ids,
-                                                      r.fanout, _seeds_of(r))
-            else:
-                by_fanout[r.fanout].append(i)
+                tree = PremeanTree.sample(self.snapshot.indptr, self.snapshot.indices, r.node_ids, r.fanout,
+                                          _seeds_of(r))
+                if tree.last_rows.size:
+                    premean_trees[i] = tree
+                    continue
+                # No entry (no target has a neighbour): nothing to premean, and the model's
+                # premean graph needs one; the level layout carries the same tree.
+            by_fanout[r.fanout].append(i)
         for fan, members in by_fanout.items():
             targets = np.concatenate([requests[i].node_ids for i in members])
             seeds = np.concatenate([_seeds_of(requests[i]) for i in members])

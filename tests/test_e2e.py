@@ -64,7 +64,7 @@ def admin(app, env, body) -> httpx.Response:
     return httpx.post(app.gateway.url + "/admin/routing", json=body, headers=auth(env, "admin"), timeout=30)
 
 
-def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarray:
+def in_process_probs(env, tag: str, node_ids: list[int], seed: int, premean_layout: bool | None = None) -> np.ndarray:
     import onnxruntime as ort
 
     from runners.config import Settings
@@ -80,7 +80,9 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int) -> np.ndarra
         rows = np.asarray(snap.features[unique], dtype=np.float32)
         # Rows rounded as the gateway's transport dtype rounds them (float16 by default).
         narrow = lambda a: a.astype(Settings().feature_transport_dtype).astype(np.float32)  # noqa: E731
-        if len(node_ids) < Settings().premean_min_targets:
+        if premean_layout is None:
+            premean_layout = len(node_ids) >= Settings().premean_min_targets
+        if not premean_layout:
             sess = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
             return sess.run(["probs"], {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}})[0]
         # A larger request to a mean model gets the premean input (the last hop as its means).
@@ -102,6 +104,21 @@ def test_predict_equals_in_process_computation(app, env, ids):
     np.testing.assert_allclose(got, in_process_probs(env, env["v1"], ids, 1234), atol=1e-5)
     assert [p["node_id"] for p in body["predictions"]] == ids
     assert [p["label"] for p in body["predictions"]] == list(got.argmax(1))
+
+
+def test_bulk_request_of_isolated_nodes_is_answered(app, env):
+    """Targets without neighbours: a premean-sized request whose tree has no last hop is sent in
+    the level layout (it once failed in the FeatureRunner, a 5xx and a breaker failure)."""
+    from runners.snapshot import load_snapshot
+
+    with bentoml_home(env["home"]):
+        isolated = np.flatnonzero(np.diff(load_snapshot().indptr) == 0)[:16].tolist()
+    assert len(isolated) == 16, "the demo graph needs 16 isolated nodes"
+    r = predict(app, env, {"node_ids": isolated, "seed": 7})
+    assert r.status_code == 200, r.text
+    assert r.json()["degraded"] is False, r.text
+    got = np.array([p["probabilities"] for p in r.json()["predictions"]])
+    np.testing.assert_allclose(got, in_process_probs(env, env["v1"], isolated, 7, premean_layout=False), atol=1e-5)
 
 
 def test_auth_and_scopes(app, env):

@@ -122,6 +122,9 @@ def test_premean_round_trip_and_rejections(dtype):
                       last_mean=pm.last_mean, last_fanout=10).validate()
     with pytest.raises(FeatureTensorError, match="last hop's fanout"):
         FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean).validate()
+    with pytest.raises(FeatureTensorError, match="at least one last-hop entry"):  # ONNX's gathers need one
+        FeatureTensor(pm.features, [pm.index[0], np.full_like(pm.index[1], -1)], last_rows=pm.last_rows[:0],
+                      last_mean=pm.last_mean[:0], last_fanout=10).validate()
     arrays = {"features": pm.features, "idx0": pm.index[0], "idx1": pm.index[1]}
     with pytest.raises(FeatureTensorError, match="carries last_rows and last_mean"):  # premean declared, nothing sent
         decode(wire.pack({**arrays, "last_mean": pm.last_mean}, {"layout": PREMEAN, "last_fanout": 10}))

@@ -279,6 +279,22 @@ def test_premean_requests_get_the_full_tensor_premeaned_in_merged_batches_too(gr
         assert decode(encode(got)).layout == PREMEAN
 
 
+def test_premean_request_of_isolated_targets_gets_the_level_layout(graph):
+    """Targets with no neighbour leave a premean tree without entries; the builder sends the same
+    tree in the level layout instead of failing (once: ValueError on the empty seeds)."""
+    isolated = np.flatnonzero(np.diff(graph.indptr) == 0)[:3].tolist()
+    assert len(isolated) == 3, "the test graph needs isolated nodes"
+    connected = int(np.flatnonzero(np.diff(graph.indptr) > 0)[0])
+    b = make_builder(graph)
+    for seeds in (None, [1, 2, 3]):
+        got = build_one(b, isolated, seed=5, seeds=seeds, premean=True)
+        want = build_one(make_builder(graph), isolated, seed=5, seeds=seeds)
+        assert got.layout != PREMEAN
+        assert_same_tensor(got, want)
+    # One connected target among them: the premean layout, as usual.
+    assert build_one(b, isolated + [connected], seed=5, premean=True).layout == PREMEAN
+
+
 def test_shared_nodes_are_fetched_once(graph):
     cases = merge_cases(graph)
     builder = make_builder(graph)
