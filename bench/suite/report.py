@@ -670,7 +670,9 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
               f"model `{inproc.get('model')}`. B3: project sampler + tiered store (L1 holding every row) + "
               "`run_batch` on ONNX Runtime (1 thread). B4: `sample_tree` -> `mfg_tensors` -> `PygGraphSAGE` "
               "(state_dict from the store) -> softmax, torch with 1 thread and with all cores. `callers`: one "
-              "caller thread per core, each with 1 compute thread (B3 without L1), over the same wall time.", "",
+              "caller thread per core, each with 1 compute thread (B3 without L1), over the same wall time. "
+              "`after N ms idle`: B3 with a sleep before each call, as a service at c=1 waits between "
+              "requests.", "",
               "| baseline | nodes/request | P50 ms | P99 ms | nodes/s |", "|---|---:|---:|---:|---:|"]
         for key, label in (("b3", "B3 sampler + ONNX"), ("b3_no_l1", "B3 without L1 (rows from the mmap)"),
                            ("b3_idle", f"B3 after {inproc.get('idle_ms', 0):g} ms idle before each call"),
