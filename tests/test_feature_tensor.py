@@ -207,8 +207,10 @@ def test_premean_tree_is_the_layout_of_the_fully_sampled_tree_byte_for_byte(fano
     ``premean`` of the full tree (same ids in the same order, same index, same means)."""
     g = small_graph()
     rng = np.random.default_rng(5)
-    for trial in range(8):
-        targets = rng.choice(g.num_nodes // 20, size=int(rng.integers(1, 200)))  # repeats: shared hop-1 nodes
+    isolated = np.flatnonzero(np.diff(g.indptr) == 0)[:5]  # no neighbour: no last hop at all
+    connected = np.flatnonzero(np.diff(g.indptr) > 0)[:1]
+    cases = [rng.choice(g.num_nodes // 20, size=int(rng.integers(1, 200))) for _ in range(8)]  # repeats: shared hop-1 nodes
+    for targets in cases + [isolated, np.concatenate([isolated, connected])]:
         seeds = (rng.integers(0, 3, targets.size) * 7919 if per_target_seeds  # merged requests: a few seeds
                  else np.full(targets.size, int(rng.integers(2**62)), np.int64)).astype(np.int64)
         unique, index = compact(sample_tree(g.indptr, g.indices, targets, fanout, seed=seeds))
