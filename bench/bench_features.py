@@ -20,6 +20,8 @@ Sections:
    Redis on, write-back on miss), in four windows: from a cold start (L1 and Redis empty), and
    after the service's start-up warming (``GSAGE_WARM_NODES``: the 20% highest-degree nodes into
    Redis and, as far as it holds them, L1).
+2b. L1 policy: plain LRU against LRU behind the admission filter (``GSAGE_L1_ADMIT_MIN_USES``),
+   L1 at 10%, no Redis, Zipf and uniform targets: hit ratio, L1 inserts per request, build time.
 3. throughput: 256 single-target requests (own seeds) merged into one ``build`` (what the batcher
    hands the builder under load) + one encode per request, in targets/s.
 4. PyG comparison per 256-target batch: ``torch_geometric`` 2.8 samples neighbours only through
@@ -49,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.suite.workload import Zipf  # noqa: E402
+from bench.suite.workload import Uniform, Zipf  # noqa: E402
 from runners.cache.tiered import build_feature_store  # noqa: E402
 from runners.config import Settings  # noqa: E402
 from runners.feature_tensor import compact, encode, padded_nbytes  # noqa: E402
@@ -89,8 +91,10 @@ class Bench:
         self.results: dict = {}
         self.stores = []
 
-    def builder(self, l1_bytes: int, redis: bool, version: str = "bench") -> NeighbourhoodBuilder:
-        cfg = Settings(l1_bytes=l1_bytes, redis_url=self.redis_url if redis else "", l2_timeout_s=1.0)
+    def builder(self, l1_bytes: int, redis: bool, version: str = "bench",
+                admit_min_uses: int = Settings.l1_admit_min_uses) -> NeighbourhoodBuilder:
+        cfg = Settings(l1_bytes=l1_bytes, redis_url=self.redis_url if redis else "", l2_timeout_s=1.0,
+                       l1_admit_min_uses=admit_min_uses)
         store = build_feature_store(cfg, self.graph.features, f"graph-snapshot:{version}")
         self.stores.append(store)
         return NeighbourhoodBuilder(self.graph, store, FANOUT, max_nodes=1024)
@@ -195,6 +199,8 @@ class Bench:
             if self.redis_url:
                 await b.store.l2._client.flushdb()
 
+        res["l1_policy"] = await self.l1_policy(l1_10)
+
         # Throughput: 256 single-target requests merged into one build, + 256 encodes.
         thr = res["throughput_256"] = {}
         configs = [("l1_10pct", l1_10, False)]
@@ -216,6 +222,39 @@ class Bench:
                          "distinct_nodes_per_batch": float(np.mean(distinct)),
                          "hit_ratio": level_ratios(b.store, before)}
 
+
+    async def l1_policy(self, l1_bytes: int) -> dict:
+        """Plain LRU against LRU behind the admission filter (``l1_admit_min_uses``), L1 at 10%, no
+        Redis (a miss goes to the origin), on the same Zipf and uniform streams. The policies take
+        turns in blocks of 200 requests, each on its own store, so both meet the same machine."""
+        a, out = self.args, {}
+        policies = (0, 2, 3, 4)
+        for dist in ("zipf", "uniform"):
+            targets = (self.zipf if dist == "zipf" else Uniform(self.graph.num_nodes, seed=a.seed)).draw(
+                a.warm_requests + a.stream_requests)
+            builders = {k: self.builder(l1_bytes, redis=False, version=f"policy-{k}", admit_min_uses=k) for k in policies}
+            seeds = [self.next_seed() for _ in range(targets.size)]
+            before, times = {}, {k: [] for k in policies}
+            for start in range(0, targets.size, 200):
+                for k, b in builders.items():
+                    if start == a.warm_requests:
+                        b.store._drain_fills()
+                        before[k] = b.store.l1.stats()
+                    for node, seed in zip(targets[start:start + 200].tolist(), seeds[start:start + 200]):
+                        t = time.perf_counter()
+                        (ft,) = await b.build([b.validate([node], None, seed, "float32")])
+                        if start >= a.warm_requests:
+                            times[k].append(time.perf_counter() - t)
+            out[dist] = {}
+            for k, b in builders.items():
+                b.store._drain_fills()
+                after = b.store.l1.stats()
+                d = {c: after[c] - before[k][c] for c in ("hits", "misses", "inserts", "evictions", "rejected")}
+                n = len(times[k])
+                out[dist][f"admit_{k}"] = {**pct(times[k]), "hit_ratio": d["hits"] / max(d["hits"] + d["misses"], 1),
+                                           "inserts_per_request": d["inserts"] / n, "rejected_per_request": d["rejected"] / n,
+                                           "fill_ms_per_request": b.store.fill_seconds * 1e3 / (a.warm_requests + n)}
+        return out
 
     async def batch(self, b: NeighbourhoodBuilder, nodes: np.ndarray) -> int:
         requests = [b.validate([n], None, self.next_seed(), "float32") for n in nodes.tolist()]
@@ -361,6 +400,14 @@ def print_table(res: dict) -> None:
     for start, label in (("cold", "cold start"), ("warmed", f"warm top-{h['warm_nodes']:,}-degree")):
         cells = "  ".join(f"{q} {r['combined']:6.1%} (L1 {r['l1']:4.0%})" for q, r in h[start].items())
         print(f"  {label:<22} combined: {cells}")
+    print("\nL1 policy, single-target requests, L1 10%, no Redis (same stream, policies interleaved)")
+    print("  targets  admission            L1 hit   inserts/req  rejected/req  fill ms/req   build p50 ms  p99 ms")
+    for dist, rows in res["l1_policy"].items():
+        for name, r in rows.items():
+            k = int(name.split("_")[1])
+            label = "off (plain LRU)" if k == 0 else f">= {k} uses"
+            print(f"  {dist:<8} {label:<18} {r['hit_ratio']:8.1%}  {r['inserts_per_request']:11.1f}  "
+                  f"{r['rejected_per_request']:12.1f}  {r['fill_ms_per_request']:11.3f}   {r['p50_ms']:10.3f}  {r['p99_ms']:6.3f}")
     print("\nthroughput, 256 single-target requests merged per build (+256 encodes)")
     for name, r in res["throughput_256"].items():
         hr = r["hit_ratio"]

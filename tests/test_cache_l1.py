@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import pytest
 
 from runners.cache import OriginLevel, TieredFeatureStore, build_feature_store
-from runners.cache.l1 import ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, MAP_BYTES_PER_ID, L1Cache
+from runners.cache.l1 import (ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, FREQ_WINDOW_PER_SLOT, MAP_BYTES_PER_ID,
+                              USES_BYTES_PER_ID, USES_MAX, L1Cache)
 from runners.config import Settings
 
 DIM = 4
@@ -32,8 +33,8 @@ def rows_for(ids) -> np.ndarray:
     return (ids[:, None] * 10 + np.arange(DIM)).astype(np.float32)
 
 
-def make(entries: int, ttl: float = 60.0, clock=None) -> L1Cache:
-    return L1Cache(entries * ENTRY + ENTRY - 1, ttl, DIM, clock=clock or FakeClock())
+def make(entries: int, ttl: float = 60.0, clock=None, admit_min_uses: int = 0) -> L1Cache:
+    return L1Cache(entries * ENTRY + ENTRY - 1, ttl, DIM, clock=clock or FakeClock(), admit_min_uses=admit_min_uses)
 
 
 def cached_ids(cache: L1Cache) -> list[int]:
@@ -261,6 +262,34 @@ class ReferenceLRU:
             self.d[i] = (now + self.ttl, i)
 
 
+class ReferenceAdmissionLRU(ReferenceLRU):
+    """ReferenceLRU behind the admission filter: a use count per id, bumped by each get (at most
+    USES_MAX) and halved every FREQ_WINDOW_PER_SLOT x capacity lookups; when a put's new ids do not
+    all fit in the free slots, only those with at least ``admit`` uses go in."""
+
+    def __init__(self, capacity: int, ttl: float, chunk: int, admit: int) -> None:
+        super().__init__(capacity, ttl, chunk)
+        self.admit, self.uses, self.counted = admit, {}, 0
+
+    def get(self, ids, now):
+        if self.capacity and ids:
+            for i in ids:
+                self.uses[i] = min(self.uses.get(i, 0) + 1, USES_MAX)
+            self.counted += len(ids)
+            if self.counted >= FREQ_WINDOW_PER_SLOT * self.capacity:
+                self.uses = {i: u // 2 for i, u in self.uses.items()}
+                self.counted = 0
+        return super().get(ids, now)
+
+    def put(self, ids, now):
+        ids = ids[-self.capacity :] if self.capacity else []
+        new = [i for i in ids if i not in self.d]
+        slack = self.chunk if self.chunk > 1 else 0  # the free chunk an eviction leaves is no room
+        if len(new) > self.capacity - len(self.d) - slack:
+            ids = [i for i in ids if i in self.d or self.uses.get(i, 0) >= self.admit]
+        super().put(ids, now)
+
+
 def op_lists(kinds: list[str], max_id: int, max_ids: int, max_ops: int):
     """Sequences of (get | put | tick, unique ids, seconds to advance)."""
     op = st.tuples(st.sampled_from(kinds), st.lists(st.integers(0, max_id), unique=True, max_size=max_ids),
@@ -288,9 +317,26 @@ def test_chunked_eviction_matches_reference(capacity, ops):
     run_against_reference(cache, ops, chunk=cache._evict_chunk)
 
 
-def run_against_reference(cache: L1Cache, ops, chunk: int) -> None:
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(0, 9), admit=st.integers(1, 3),
+       ops=op_lists(["get", "get", "put", "tick"], max_id=30, max_ids=12, max_ops=60))
+def test_admission_matches_reference(capacity, admit, ops):
+    cache = make(capacity, ttl=4.0, clock=FakeClock(), admit_min_uses=admit)
+    run_against_reference(cache, ops, chunk=1, ref=ReferenceAdmissionLRU(cache.capacity, 4.0, 1, admit))
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(64, 200), admit=st.integers(1, 3),
+       ops=op_lists(["get", "get", "put", "put", "tick"], max_id=400, max_ids=60, max_ops=40))
+def test_chunked_admission_matches_reference(capacity, admit, ops):
+    cache = make(capacity, ttl=4.0, clock=FakeClock(), admit_min_uses=admit)
+    chunk = cache._evict_chunk
+    run_against_reference(cache, ops, chunk=chunk, ref=ReferenceAdmissionLRU(cache.capacity, 4.0, chunk, admit))
+
+
+def run_against_reference(cache: L1Cache, ops, chunk: int, ref: ReferenceLRU | None = None) -> None:
     clock = cache._clock
-    ref = ReferenceLRU(cache.capacity, 4.0, chunk)
+    ref = ref or ReferenceLRU(cache.capacity, 4.0, chunk)
     for op, ids, dt in ops:
         arr = np.array(ids, dtype=np.int64)
         if op == "tick":
@@ -304,3 +350,50 @@ def run_against_reference(cache: L1Cache, ops, chunk: int) -> None:
             np.testing.assert_array_equal(rows, rows_for(arr[found]))
         assert cached_ids(cache) == list(ref.d)
         assert cache.nbytes <= cache.max_bytes
+
+
+def test_full_cache_admits_only_ids_looked_up_often_enough():
+    cache = make(4, admit_min_uses=3)
+    cache.put_many(np.arange(4), rows_for(range(4)))  # room for all: no filter
+    assert cached_ids(cache) == [0, 1, 2, 3] and cache.rejected == 0
+    cache.get_many(np.array([10]))
+    cache.put_many(np.array([10]), rows_for([10]))  # seen once: kept out, nothing evicted
+    assert 10 not in cache and cached_ids(cache) == [0, 1, 2, 3] and cache.rejected == 1
+    for _ in range(2):
+        cache.get_many(np.array([10]))
+    cache.put_many(np.array([10]), rows_for([10]))  # seen 3 times: in, the LRU entry out
+    assert cached_ids(cache) == [1, 2, 3, 10] and cache.inserts == 5
+    cache.put_many(np.array([20]), rows_for([20]), admit_all=True)  # start-up warming
+    assert cached_ids(cache) == [2, 3, 10, 20]
+
+
+def test_use_counts_saturate_and_halve_after_the_window():
+    cache = make(2, admit_min_uses=2)
+    for _ in range(USES_MAX + 5):
+        cache.get_many(np.array([7]))
+    assert cache._uses[7] == USES_MAX // 2  # window 10: halved at lookup 10 (10 -> 5) and 20 (capped 15 -> 7)
+    window = FREQ_WINDOW_PER_SLOT * cache.capacity
+    cache = make(2, admit_min_uses=2)
+    cache.get_many(np.array([5, 6]))
+    cache.get_many(np.array([5]))
+    assert cache._uses[5] == 2 and cache._uses[6] == 1
+    for _ in range(window - 3):
+        cache.get_many(np.array([9]))
+    assert cache._uses[5] == 1 and cache._uses[6] == 0  # halved: 5 no longer passes a filter of 2
+
+
+def test_admission_counts_are_charged_to_the_byte_budget():
+    budget = 10 * ENTRY + 1000 * (MAP_BYTES_PER_ID + USES_BYTES_PER_ID)
+    cache = L1Cache(budget, 60, DIM, num_ids=1000, admit_min_uses=3)
+    assert cache.capacity == 10 and cache.map_bytes == 5000
+    assert L1Cache(budget, 60, DIM, num_ids=1000).capacity == 10 + 1000 // ENTRY
+    with pytest.raises(ValueError):
+        L1Cache(budget, 60, DIM, admit_min_uses=USES_MAX + 1)
+
+
+def test_feature_store_l1_uses_the_configured_admission():
+    feats = np.zeros((100, DIM), np.float32)
+    store = build_feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=2), feats, "graph-snapshot:t")
+    assert store.l1.admit_min_uses == 2
+    assert build_feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=0), feats, "graph-snapshot:t") \
+        .l1.admit_min_uses == 0

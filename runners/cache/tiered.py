@@ -184,7 +184,7 @@ class TieredFeatureStore:
         hot = ids[: self.l1.capacity][::-1]
         for start in range(0, hot.size, batch_size):
             chunk = hot[start : start + batch_size]
-            self.l1.put_many(chunk, self.origin.get_many(chunk))
+            self.l1.put_many(chunk, self.origin.get_many(chunk), admit_all=True)
         return int(ids.size)
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -207,7 +207,8 @@ def build_feature_store(
 ) -> TieredFeatureStore:
     """L1 + origin always; L2 only when ``settings.redis_url`` is set."""
     origin = OriginLevel(features)
-    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim, num_ids=origin.num_nodes)
+    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim, num_ids=origin.num_nodes,
+                 admit_min_uses=settings.l1_admit_min_uses)
     l2 = None
     if settings.redis_url:
         l2 = RedisFeatureLevel.from_url(
