@@ -84,3 +84,18 @@ def test_ab_variant_environment_is_parsed_or_refused():
     for bad in ("GSAGE_PREMEAN", "=1"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
             parse_env(bad)
+
+
+def test_suite_refuses_to_start_without_the_plot_library(monkeypatch, tmp_path):
+    """The report is written last: a missing matplotlib must stop the suite before its ~10 min of
+    load, not after (a clean install without the bench extra crashed at the report)."""
+    import importlib.util
+
+    from bench.suite import runner
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(runner, "Suite", lambda *a: pytest.fail("the suite started"))
+    with pytest.raises(SystemExit, match="matplotlib"):
+        runner.main(["--quick", "--out", str(tmp_path)])
+    assert runner.missing_bench_extra(profiles=False) == ["matplotlib"]

@@ -743,10 +743,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--code", choices=("worktree", "head"), default="worktree",
                    help="run the services from a snapshot of the working tree taken at start (default) or of HEAD")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every load duration (development smoke runs)")
+    p.add_argument("--report-from", metavar="SUITE_JSON",
+                   help="run nothing: write the report (and plots) of an earlier run's JSON into --out")
     a = p.parse_args(argv)
     a.out = a.out or ("bench/results/quick" if a.quick else "bench/results")
     if a.docs is None:
         a.docs = not a.quick
+    missing = missing_bench_extra(profiles=not a.no_profile and not a.report_from)
+    if "matplotlib" in missing:  # the report comes last: fail before the 10 minutes, not after
+        raise SystemExit("the report's plots need matplotlib: pip install -e '.[bench]'")
+    if missing:
+        print(f"warning: {', '.join(missing)} not installed: no profiles (pip install -e '.[bench]')", flush=True)
+    if a.report_from:
+        with open(a.report_from) as f:
+            results = json.load(f)
+        write_report(results, os.path.abspath(a.out), a.docs)
+        return
     # SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so run()'s finally stops every service.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     suite = Suite(a)
@@ -756,7 +768,23 @@ def main(argv: list[str] | None = None) -> None:
     with open(path, "w") as f:
         json.dump(results, f, indent=1, default=float)
     suite.log(f"wrote {path}")
+    md = write_report(results, suite.out, a.docs)
+    suite.log(f"wrote {md} (+ plots) in {suite.elapsed():.0f} s")
+
+
+def write_report(results: dict, out: str, docs: bool) -> str:
     from bench.suite import report
 
-    md = report.write(results, suite.out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if a.docs else None)
-    suite.log(f"wrote {md} (+ plots) in {suite.elapsed():.0f} s")
+    md = report.write(results, out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if docs else None)
+    print(f"wrote {md} (+ plots)" + (" and docs/performance.md" if docs else ""), flush=True)
+    return md
+
+
+def missing_bench_extra(profiles: bool) -> list[str]:
+    """What of the ``bench`` extra is not installed: matplotlib (plots), py-spy (profiles)."""
+    import importlib.util
+
+    missing = [] if importlib.util.find_spec("matplotlib") else ["matplotlib"]
+    if profiles and not (shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))):
+        missing.append("py-spy")
+    return missing
