@@ -329,8 +329,7 @@ class Suite:
 
     def profile(self, topo: procs.Topology, service: str, seconds: float, load_kw: dict, key: str = "") -> dict | None:
         """py-spy (sampling, non-blocking) on one service's processes while ``load_kw`` runs."""
-        # The venv's bin/ need not be on PATH (the suite run as .venv/bin/python).
-        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+        spy = find_py_spy()
         if spy is None:
             self.log("py-spy not installed: no profile (pip install py-spy)")
             return None
@@ -757,7 +756,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.report_from:
         with open(a.report_from) as f:
             results = json.load(f)
-        write_report(results, os.path.abspath(a.out), a.docs)
+        md = write_report(results, os.path.abspath(a.out), a.docs)
+        print(f"wrote {md} (+ plots)" + (" and docs/performance.md" if a.docs else ""))
         return
     # SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so run()'s finally stops every service.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -775,9 +775,7 @@ def main(argv: list[str] | None = None) -> None:
 def write_report(results: dict, out: str, docs: bool) -> str:
     from bench.suite import report
 
-    md = report.write(results, out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if docs else None)
-    print(f"wrote {md} (+ plots)" + (" and docs/performance.md" if docs else ""), flush=True)
-    return md
+    return report.write(results, out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if docs else None)
 
 
 def missing_bench_extra(profiles: bool) -> list[str]:
@@ -785,6 +783,11 @@ def missing_bench_extra(profiles: bool) -> list[str]:
     import importlib.util
 
     missing = [] if importlib.util.find_spec("matplotlib") else ["matplotlib"]
-    if profiles and not (shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))):
+    if profiles and find_py_spy() is None:
         missing.append("py-spy")
     return missing
+
+
+def find_py_spy() -> str | None:
+    # The venv's bin/ need not be on PATH (the suite run as .venv/bin/python).
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))

@@ -179,7 +179,7 @@ class L1Cache:
             self._touch(old)  # now the most recent: the eviction below cannot take them
         new = np.flatnonzero(~present)
         if self.admit_min_uses and not admit_all and new.size > self._n_free - self._admission_slack:
-            admitted = self._uses_of(ids[new]) >= self.admit_min_uses
+            admitted = _gather(self._uses, ids[new], 0) >= self.admit_min_uses
             self.rejected += int(new.size - np.count_nonzero(admitted))
             new = new[admitted]
         if new.size:
@@ -195,13 +195,7 @@ class L1Cache:
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         """Slot of each id, -1 when absent (ids beyond the map are absent)."""
-        size = self._slot_of.size
-        if ids.size and int(ids.max()) < size:
-            return self._slot_of[ids]
-        slots = np.full(ids.size, -1, dtype=np.int32)
-        inside = ids < size
-        slots[inside] = self._slot_of[ids[inside]]
-        return slots
+        return _gather(self._slot_of, ids, -1)
 
     def _count_uses(self, ids: np.ndarray) -> None:
         """One more use of each id (a repeated id counts once per call), aged by halving."""
@@ -211,23 +205,13 @@ class L1Cache:
         if top > self._uses.size:
             if self._fixed_map:
                 return  # out of range: get_many reports it a miss, nothing to count
-            grown = np.zeros(max(top, 2 * self._uses.size), dtype=np.uint8)
-            grown[: self._uses.size] = self._uses
-            self._uses = grown
+            self._uses = _grown(self._uses, top, 0)
         uses = self._uses
         uses[ids] = np.minimum(uses[ids], USES_MAX - 1) + 1
         self._uses_counted += ids.size
         if self._uses_counted >= self._uses_window:
             uses >>= 1
             self._uses_counted = 0
-
-    def _uses_of(self, ids: np.ndarray) -> np.ndarray:
-        if ids.size and int(ids.max()) < self._uses.size:
-            return self._uses[ids]
-        out = np.zeros(ids.size, dtype=np.uint8)
-        inside = ids < self._uses.size
-        out[inside] = self._uses[ids[inside]]
-        return out
 
     def _touch(self, slots: np.ndarray) -> None:
         """Stamp ``slots`` as used now, in order (for a repeated slot the last stamp wins)."""
@@ -267,9 +251,7 @@ class L1Cache:
             return
         if self._fixed_map:
             raise IndexError(f"node id {size - 1} outside the cache's id range")
-        grown = np.full(max(size, 2 * self._slot_of.size), -1, dtype=np.int32)
-        grown[: self._slot_of.size] = self._slot_of
-        self._slot_of = grown
+        self._slot_of = _grown(self._slot_of, size, -1)
 
     def clear(self) -> None:
         used = np.flatnonzero(self._id_of >= 0)
@@ -304,3 +286,20 @@ def _last_occurrences(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np
         return ids, rows
     keep = np.sort(ids.size - 1 - first_in_reversed)
     return ids[keep], rows[keep]
+
+
+def _gather(table: np.ndarray, ids: np.ndarray, missing: int) -> np.ndarray:
+    """``table[ids]``, with ``missing`` for ids beyond the table (it grows with the largest id seen)."""
+    if ids.size and int(ids.max()) < table.size:
+        return table[ids]
+    out = np.full(ids.size, missing, dtype=table.dtype)
+    inside = ids < table.size
+    out[inside] = table[ids[inside]]
+    return out
+
+
+def _grown(table: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """A copy of ``table`` at least ``size`` long (doubling), new entries ``fill``."""
+    grown = np.full(max(size, 2 * table.size), fill, dtype=table.dtype)
+    grown[: table.size] = table
+    return grown
