@@ -23,6 +23,7 @@ from runners import bentoml_timeout_fix, predict_request, wire
 from runners.batching import AdaptiveBatcher
 from runners.cache.tiered import build_feature_store
 from runners.config import runner_service_options, settings
+from runners.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
 from runners.feature_tensor import PREMEAN, FeatureTensor, encode
 from runners.graphsage import GraphSAGERunner
 from runners.metrics import feature_metrics, labelled
@@ -35,6 +36,7 @@ from runners.wire import BinaryBody, take_raw_body
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 log = logging.getLogger("graphsage.feature")
+_instance = ServiceInstance()
 
 
 @bentoml.service(name="FeatureRunner", **runner_service_options(settings().feature_workers))
@@ -62,6 +64,7 @@ class FeatureRunner:
         self._l2_errors_seen = 0
         log.info("FeatureRunner: %s (%d nodes, %d edges), L2 %s", self.snapshot.tag, self.snapshot.num_nodes,
                  self.snapshot.num_edges, cfg.redis_url or "off")
+        _instance.set(self)
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
     async def _build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
@@ -125,6 +128,10 @@ class FeatureRunner:
 
         A version that takes the premean input (mean aggregator) gets it for requests of at
         least ``premean_min_targets`` nodes: ~3x fewer bytes at 256."""
+        return await self.predict_body(request)
+
+    async def predict_body(self, request: bytes) -> bytes:
+        """``predict``'s work (what ``runners.direct_api`` answers it with)."""
         try:
             options, node_ids, seeds = predict_request.decode(request)
         except predict_request.BadPredictRequest as exc:
@@ -182,3 +189,6 @@ class FeatureRunner:
 
 
 take_raw_body(FeatureRunner, "predict")
+if settings().direct_api:
+    FeatureRunner.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_body"), OCTET_STREAM)},
+                                      server_name="FeatureRunner")

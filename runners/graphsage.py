@@ -24,6 +24,7 @@ import bentoml
 from runners import bentoml_timeout_fix, wire
 from runners.batching import AdaptiveBatcher, BatchStats
 from runners.config import runner_service_options, settings
+from runners.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
 from runners.feature_tensor import FeatureTensorError, decode
 from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from runners.metrics import labelled, model_metrics
@@ -32,6 +33,7 @@ from runners.wire import BinaryBody
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
 log = logging.getLogger("graphsage.model")
+_instance = ServiceInstance()
 
 
 @bentoml.service(name="GraphSAGERunner", **runner_service_options(settings().model_workers))
@@ -49,6 +51,7 @@ class GraphSAGERunner:
             self._forward, max_batch_size=cfg.max_batch_targets, max_delay_s=cfg.max_batch_delay_ms / 1000,
             size_of=lambda item: item.tensor.num_targets, on_batch=self._observe,
         )
+        _instance.set(self)
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
     async def _forward(self, items: list[InferenceItem]) -> list[dict]:
@@ -78,6 +81,10 @@ class GraphSAGERunner:
         """Run a model on an encoded FeatureTensor. The body is ``wire.envelope({"model": tag,
         "embedding": bool}, tensor)``; returns logits/probs (and embedding) packed with
         ``runners.wire``, meta: the exact model tag, backend and task."""
+        return await self.infer_body(request)
+
+    async def infer_body(self, request: bytes) -> bytes:
+        """``infer``'s work (what ``runners.direct_api`` answers it with)."""
         try:
             options, tensor = wire.open_envelope(request)
             model = options.get("model", "graphsage:latest")
@@ -112,3 +119,6 @@ class GraphSAGERunner:
 
 
 wire.take_raw_body(GraphSAGERunner, "infer")
+if settings().direct_api:
+    GraphSAGERunner.add_asgi_middleware(DirectApi, routes={"/infer": (_instance.handler("infer_body"), OCTET_STREAM)},
+                                        server_name="GraphSAGERunner")

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runners import bentoml_timeout_fix, predict_request
+from runners.direct_api import JSON, DirectApi, ServiceInstance
 from runners.config import settings, tracing_config
 from runners.feature import FeatureRunner
 from runners.graphsage import GraphSAGERunner
@@ -38,7 +39,7 @@ bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (
 
 log = logging.getLogger("graphsage.gateway")
 
-_instance: "Gateway | None" = None
+_instance = ServiceInstance()  # the worker's Gateway, for the routes and middleware outside it
 
 
 admin_app = Starlette()
@@ -58,7 +59,6 @@ class Gateway:
     model_runner = bentoml.depends(GraphSAGERunner)
 
     def __init__(self) -> None:
-        global _instance
         cfg = settings()
         self.settings = cfg
         self.routing = RoutingTable.from_settings(cfg)
@@ -76,7 +76,7 @@ class Gateway:
         )
         self._next_reload = 0.0
         self.grpc_server: Any = None
-        _instance = self
+        _instance.set(self)
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
     @bentoml.on_startup
@@ -134,12 +134,18 @@ class Gateway:
     async def predict(self, **params: Any) -> PredictResponse:
         """Per-node predictions for ``node_ids``: label, score, probabilities, the exact
         ``graphsage:<version>`` that answered, and ``degraded`` when features were unavailable."""
+        # Rendered here, not by BentoML: the declared PredictResponse documents the shape.
+        return Response(await self._answer(PredictRequest(**params)), media_type=JSON)
+
+    async def predict_json(self, body: bytes) -> bytes:
+        """``predict`` on the raw JSON body: what ``runners.direct_api`` answers /predict with."""
+        return await self._answer(PredictRequest.model_validate_json(body or b"{}"))
+
+    async def _answer(self, req: PredictRequest) -> bytes:
         try:
-            answer = await self.run_predict(PredictRequest(**params))
+            return (await self.run_predict(req)).to_json()
         except ApiError as exc:
             raise http_error(exc.status, exc.message) from exc
-        # Rendered here, not by BentoML: the declared PredictResponse documents the shape.
-        return Response(answer.to_json(), media_type="application/json")
 
     async def describe_models(self) -> dict[str, Any]:
         self.reload_routing()
@@ -184,10 +190,13 @@ class Gateway:
 
 
 async def _models(request: Request) -> JSONResponse:
-    return JSONResponse(await _instance.describe_models())  # type: ignore[union-attr]
+    return JSONResponse(await _instance.get().describe_models())
 
 
 admin_app.router.routes.extend([
     Route("/models", _models, methods=["GET"]),
 ])
 Gateway.add_asgi_middleware(HttpGuard)
+if settings().direct_api:  # inside HttpGuard: auth and rate limits come first
+    Gateway.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_json"), JSON)},
+                                server_name="Gateway")

@@ -211,6 +211,18 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
         assert r.status_code == 400 and "bad predict request" in r.text, (bad, r.text)
 
 
+def test_direct_api_and_bentoml_dispatch_answer_errors_alike(app, env):
+    """The FeatureRunner's /predict is answered by runners.direct_api, its /features by BentoML's
+    own dispatch: a client error looks the same from both, to BentoML's client and to curl."""
+    direct = httpx.post(app.feature.url + "/predict", content=b"GSE1junk", timeout=10,
+                        headers={"content-type": "application/octet-stream"})
+    dispatched = httpx.post(app.feature.url + "/features", json={"node_ids": [-1]}, timeout=10)
+    for r in (direct, dispatched):
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+        assert r.headers["server"] == "BentoML Service/FeatureRunner", r.headers
+    assert [sorted(d) for d in direct.json()] == [sorted(d) for d in dispatched.json()] == [["error"]]
+
+
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
     out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 6.0, 32,

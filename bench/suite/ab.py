@@ -1,13 +1,15 @@
 """Interleaved A/B of app configurations against a baseline (prints numbers, never asserts).
 
     python -m bench.suite.ab [--concurrency 1] [--nodes 1] [--rounds 6] [--window 4]
-                             [--variant GSAGE_X=1,GSAGE_Y=2] [--no-redis-side] [--baseline B1|B2|none]
+                             [--variant GSAGE_X=1,GSAGE_Y=2] [--variant-model-runner]
+                             [--no-redis-side] [--baseline B1|B2|none]
 
 Sides, each its own processes (split ``start-http-server``, as the suite starts them): ``app`` (the
 suite's configuration: L1 at 10% of the features, Redis for L2), ``noredis`` (the same without
 Redis), ``variant`` (the app with ``--variant``'s environment, when given) and the baseline. The
-FeatureRunner + gateway pairs share one model runner. Each side is warmed up, then the sides take
-turns in short windows (A B C, C B A, ...), so that every side meets the same background load: on
+FeatureRunner + gateway pairs share one model runner (``--variant-model-runner``: the variant
+starts its own, with its environment, for a variant that changes the model runner). Each side
+is warmed up, then the sides take turns in short windows (A B C, C B A, ...), so that every side meets the same background load: on
 this shared machine a separate window reads the neighbours of its own minute (a side measured
 minutes apart moved T1 by 0.4x). Prints, per side, the pooled latency, each window's P99, the
 ratios to the baseline, and the mean of each stage from the services' own /metrics.
@@ -46,7 +48,7 @@ def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace) -> dict[st
         out["noredis"] = procs.real_app("app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model)
     if args.variant:
         out["variant"] = procs.real_app("app-variant", HOME_100K, {**env, **parse_env(args.variant)}, suite.logs,
-                                        model=model)
+                                        model=None if args.variant_model_runner else model)
     if args.baseline == "B1":
         out["B1"] = procs.trivial_app(HOME_100K, suite.logs)
     elif args.baseline == "B2":
@@ -68,8 +70,10 @@ def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Name
     rows = suite.paired(topologies, concurrency=args.concurrency, rounds=args.rounds, window=args.window, tags={},
                         nodes=args.nodes)
     after = {k: suite.scrape_all(t) for k, t in topologies.items()}
+    shared = "the variant has its own model runner" if args.variant_model_runner else \
+        "the app sides share one model runner: its stages are pooled over them"
     print(f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
-          " (the app sides share one model runner: its stages are pooled over them)")
+          f" ({shared})")
     for name, row in rows.items():
         windows = [round(w["p99_ms"], 1) for w in row["windows"] if w["p99_ms"] is not None]
         print(f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--window", type=float, default=4.0, help="seconds per side per round")
     p.add_argument("--variant", default="", help="environment of a third side: KEY=VALUE,KEY=VALUE")
+    p.add_argument("--variant-model-runner", action="store_true",
+                   help="the variant starts its own model runner (with its environment) instead of sharing the app's")
     p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
     p.add_argument("--baseline", choices=("B1", "B2", "none"), default="B1")
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gsage-ab"), help="service logs")

@@ -6,7 +6,9 @@ exactly the topology of the real app (the gateway sends the node ids to the feat
 do: one raw ``application/octet-stream`` body per hop, not pickled keyword arguments; async APIs, ``await
 dep.to_async.method(...)``; the runners' service options of the app
 (``runners.config.runner_service_options``: the ``runner_connection`` workaround, no access log,
-tracing as configured), started split: one process per service). The answer has the same shape
+tracing as configured), started split: one process per service). Their endpoints are plain
+``@bentoml.api`` ones, BentoML's own dispatch: the app answers its hot APIs past it
+(``runners.direct_api``), which is part of what the app is measured for. The answer has the same shape
 as ``/predict``'s (one entry per node), so the gateway pays comparable JSON costs; the runners
 only echo a few bytes.
 
