@@ -53,6 +53,11 @@ def sample_neighbours(
             raise ValueError(f"need one seed per node: {seeds.size} vs {nodes.size}")
     else:
         seeds = np.full(nodes.size, int(seed), dtype=np.int64)
+    # A read-only array (np.frombuffer of a request body, np.broadcast_to) is a numba type of its
+    # own: the first such call compiled a second specialization in the middle of traffic, a
+    # 300-480 ms stall of every request in flight (the first merged batch at c=32). The copy of a
+    # few ids costs microseconds.
+    nodes, seeds = _writable(nodes), _writable(seeds)
     # Imported here: processes that never sample (the gateway imports the runner classes for
     # ``bentoml.depends``) never load numba.
     from runners.kernels import sample_level
@@ -87,3 +92,7 @@ def sample_tree(
         layers.append(nxt.reshape(prev.shape + (int(k),)))
         seeds = np.repeat(seeds, int(k))
     return layers
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.writeable else a.copy()

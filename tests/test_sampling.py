@@ -118,3 +118,22 @@ def test_the_gateway_never_loads_the_sampling_kernels():
     code = "import sys, services.gateway; assert 'numba' not in sys.modules, 'numba imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_read_only_ids_and_seeds_reuse_the_compiled_kernel(graph):
+    """Ids and seeds decoded from a request body are read-only views: a numba type of their own,
+    whose first call compiled a second kernel mid-traffic (a 300-480 ms stall at c=32)."""
+    from runners.kernels import sample_level
+
+    nodes = np.arange(20, dtype=np.int64)
+    seeds = np.arange(20, dtype=np.int64) * 7
+    want = sample_neighbours(graph.indptr, graph.indices, nodes, 5, seeds)
+    compiled = len(sample_level.signatures)
+    frozen_nodes, frozen_seeds = np.frombuffer(nodes.tobytes(), np.int64), np.frombuffer(seeds.tobytes(), np.int64)
+    assert not frozen_nodes.flags.writeable and not frozen_seeds.flags.writeable
+    for n, s in ((frozen_nodes, seeds), (nodes, frozen_seeds), (frozen_nodes, frozen_seeds),
+                 (nodes, np.broadcast_to(np.int64(3), nodes.shape))):
+        got = sample_neighbours(graph.indptr, graph.indices, n, 5, s)
+        if s is seeds or s is frozen_seeds:
+            np.testing.assert_array_equal(got, want)
+    assert len(sample_level.signatures) == compiled, sample_level.signatures
