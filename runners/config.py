@@ -97,7 +97,7 @@ class Settings:
 
     # The hot APIs (the gateway's /predict, FeatureRunner.predict, GraphSAGERunner.infer) answered
     # by runners.direct_api, past BentoML's per-request API dispatch; off: through @bentoml.api,
-    # with the same answers. Gateway at c=32: 1,631 -> 2,084 req/s (bench.suite.ab).
+    # with the same answers. c=32: 1,205 -> 1,746 req/s; c=1 mean 7.67 -> 5.40 ms (bench.suite.ab).
     direct_api: bool = True
 
     # Observability.
