@@ -99,3 +99,60 @@ def test_suite_refuses_to_start_without_the_plot_library(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="matplotlib"):
         runner.main(["--quick", "--out", str(tmp_path)])
     assert runner.missing_bench_extra(profiles=False) == ["matplotlib"]
+
+
+def test_an_absolute_miss_names_a_baseline_that_missed_the_bound_too():
+    from bench.suite import report
+    assert report.floor_note("B1", 19.6, 21.0, 10.0) == "; B1 read P99 19.60 ms itself, over the 10 ms bound"
+    assert report.floor_note("B1", 8.0, 21.0, 10.0) == ""  # the baseline met it: the miss is the app's
+    assert report.floor_note("B1", 19.6, 9.0, 10.0) == ""  # the app met it
+    assert report.floor_note("B1", float("nan"), 21.0, 10.0) == ""  # not measured
+    assert np.isnan(report.mget_idle_p99({})) and report.mget_idle_p99(
+        {"baselines": {"redis_mget": {"idle": {"calls": 5, "p99_ms": 3.15}}}}) == 3.15
+
+
+def test_closed_loop_warm_up_opens_every_connection_before_timing():
+    import asyncio
+
+    from aiohttp import web
+
+    from bench.suite import loadgen
+
+    peers: list[tuple[int, bool]] = []  # (client port, sent during the warm-up)
+    timing = False
+
+    async def handle(request):
+        await asyncio.sleep(0.005)  # long enough that concurrent requests need their own connections
+        peers.append((request.transport.get_extra_info("peername")[1], timing))
+        return web.Response(body=b"{}")
+
+    async def main():
+        nonlocal timing
+        runner = web.AppRunner(web.Application())
+        runner.app.router.add_post("/predict", handle)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        real_one = loadgen._one
+        warm_calls = 0
+
+        async def one(session, url, body):
+            nonlocal timing, warm_calls
+            warm_calls += 1
+            timing = warm_calls > 8
+            return await real_one(session, url, body)
+
+        loadgen._one = one
+        try:
+            res = await loadgen.closed_loop(f"http://127.0.0.1:{port}/predict", [b"{}"], 8, 0.2, warmup_requests=8)
+        finally:
+            loadgen._one = real_one
+            await runner.cleanup()
+        return res
+
+    res = asyncio.run(main())
+    warm = {p for p, timed in peers if not timed}
+    timed = {p for p, timed in peers if timed}
+    assert res.ok > 8 and len(warm) == 8  # the warm-up ran 8 at once: 8 connections
+    assert timed <= warm  # the timed part opened none of its own

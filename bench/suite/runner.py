@@ -191,7 +191,7 @@ class Suite:
             res = asyncio.run(loadgen.open_loop(topo.url, pool, rate, duration, self.b.max_requests, timeout, nodes))
         else:
             res = asyncio.run(loadgen.closed_loop(topo.url, pool, concurrency, duration, self.b.max_requests, timeout,
-                                                  nodes, warmup_requests=min(concurrency, 8)))
+                                                  nodes, warmup_requests=concurrency))
         cpu1 = topo.cpu_seconds()
         me1 = sum(self.me.cpu_times()[:2])
         after = self.scrape_all(topo)
@@ -239,7 +239,7 @@ class Suite:
             for side in (names if r % 2 == 0 else names[::-1]):
                 parts[side].append(asyncio.run(loadgen.closed_loop(
                     sides[side].url, pool, concurrency, window, self.b.max_requests, request_timeout_s(nodes),
-                    nodes, warmup_requests=min(concurrency, 8))))
+                    nodes, warmup_requests=concurrency)))
         rows = {}
         for side in names:
             res = loadgen.LoadResult.pooled(parts[side])
