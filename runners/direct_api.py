@@ -105,7 +105,7 @@ class DirectApi:
             status, doc = error_answer(exc)
             if status >= 500:
                 log.error("Exception on %s [POST]", scope["path"], exc_info=exc)
-            answer, media_type = orjson.dumps(doc), "application/json"
+            answer, media_type = orjson.dumps(doc), JSON
         headers = [(b"content-type", media_type.encode()), (b"content-length", b"%d" % len(answer)), *self._server]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": answer})

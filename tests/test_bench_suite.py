@@ -118,41 +118,26 @@ def test_closed_loop_warm_up_opens_every_connection_before_timing():
 
     from bench.suite import loadgen
 
-    peers: list[tuple[int, bool]] = []  # (client port, sent during the warm-up)
-    timing = False
+    peers: list[int] = []  # client port per answered request, in order: the 8 warm-up ones first
 
     async def handle(request):
         await asyncio.sleep(0.005)  # long enough that concurrent requests need their own connections
-        peers.append((request.transport.get_extra_info("peername")[1], timing))
+        peers.append(request.transport.get_extra_info("peername")[1])
         return web.Response(body=b"{}")
 
     async def main():
-        nonlocal timing
         runner = web.AppRunner(web.Application())
         runner.app.router.add_post("/predict", handle)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
-        real_one = loadgen._one
-        warm_calls = 0
-
-        async def one(session, url, body):
-            nonlocal timing, warm_calls
-            warm_calls += 1
-            timing = warm_calls > 8
-            return await real_one(session, url, body)
-
-        loadgen._one = one
         try:
-            res = await loadgen.closed_loop(f"http://127.0.0.1:{port}/predict", [b"{}"], 8, 0.2, warmup_requests=8)
+            return await loadgen.closed_loop(f"http://127.0.0.1:{port}/predict", [b"{}"], 8, 0.2, warmup_requests=8)
         finally:
-            loadgen._one = real_one
             await runner.cleanup()
-        return res
 
     res = asyncio.run(main())
-    warm = {p for p, timed in peers if not timed}
-    timed = {p for p, timed in peers if timed}
+    warm, timed = set(peers[:8]), set(peers[8:])
     assert res.ok > 8 and len(warm) == 8  # the warm-up ran 8 at once: 8 connections
     assert timed <= warm  # the timed part opened none of its own

@@ -111,17 +111,16 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[s
 
 async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, duration_s: float,
                       max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
-                      warmup_requests: int = 0, warmup_concurrency: int | None = None) -> LoadResult:
+                      warmup_requests: int = 0) -> LoadResult:
     """``concurrency`` workers back to back; bounded by ``duration_s`` and ``max_requests``.
 
-    The warm-up (not counted) sends ``warmup_requests`` in rounds of ``warmup_concurrency``
-    (default ``concurrency``) at once, so that the timed part finds every connection it uses open.
+    The warm-up (not counted) sends ``warmup_requests`` in rounds of ``concurrency`` at once, so
+    that the timed part finds every connection it uses open.
     """
     async with _session(concurrency, timeout_s) as session:
-        step = max(1, warmup_concurrency or concurrency)
-        for first in range(0, warmup_requests, step):  # connection set-up and first-call costs
+        for first in range(0, warmup_requests, concurrency):  # connection set-up and first-call costs
             await asyncio.gather(*(_one(session, url, bodies[i % len(bodies)])
-                                   for i in range(first, min(first + step, warmup_requests))))
+                                   for i in range(first, min(first + concurrency, warmup_requests))))
         lat: list[float] = []
         errors: Counter[str] = Counter()
         degraded = 0
