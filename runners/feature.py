@@ -54,10 +54,10 @@ class FeatureRunner:
         self.snapshot = load_snapshot(cfg.snapshot_tag)
         self.store = build_feature_store(cfg, self.snapshot.features, self.snapshot.tag)
         self.store.on_fill = labelled(feature_metrics().stage, "l1_fill").observe
-        self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.max_nodes_per_request,
+        self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.runner_call_max_nodes,
                                             cfg.scan_min_targets)
         self.batcher: AdaptiveBatcher[FeatureRequest, FeatureTensor] = AdaptiveBatcher(
-            self._build, max_batch_size=max(cfg.max_batch_targets, cfg.max_nodes_per_request),
+            self._build, max_batch_size=max(cfg.max_batch_targets, cfg.runner_call_max_nodes),
             size_of=lambda r: int(r.node_ids.size),
         )
         self._warm_task: asyncio.Task[int] | None = None

@@ -70,7 +70,7 @@ class Gateway:
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,
-            max_merge_nodes=cfg.max_nodes_per_request,
+            max_merge_nodes=cfg.coalesce_max_nodes,
             max_inflight=cfg.coalesce_max_inflight,
             overlap_ratio=cfg.coalesce_overlap_ratio,
         )
