@@ -231,26 +231,20 @@ def test_concurrent_load_has_zero_errors(app, env):
     assert out[env["v1"]] == total and total > 150, out
 
 
-def batches_over(service, metric: str, targets: int) -> tuple[int, int]:
-    """(batches of more than ``targets`` targets, all batches) from a size histogram."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts = {s.name: s.value for f in text_string_to_metric_families(httpx.get(service.url + "/metrics").text)
-              if f.name == metric for s in f.samples
-              if s.name.endswith("_count") or s.labels.get("le") == f"{float(targets)}"}
-    return int(counts[f"{metric}_count"] - counts[f"{metric}_bucket"]), int(counts[f"{metric}_count"])
-
-
 def test_bulk_requests_merge_past_the_client_limit(app, env):
     """The gateway merges concurrent bulk requests into FeatureRunner calls of up to
     GSAGE_COALESCE_MAX_NODES (2048) nodes, past the 1024 a client may send, and the FeatureRunner
     admits them (it once answered them 413, and the gateway split them up again)."""
-    before, _ = batches_over(app.feature, "feature_batch_targets", 1024)
+    from bench.suite import promtext
+
+    before = promtext.scrape(app.feature.url)
     out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 3.0, 16,
                                   lambda w, n: {"node_ids": [(w * 131 + n * 7 + i) % 4000 for i in range(512)]}))
     assert set(out) == {env["v1"]} and sum(out.values()) > 16, out
-    merged, total = batches_over(app.feature, "feature_batch_targets", 1024)
-    assert merged > before, f"no FeatureRunner batch over 1024 targets among {total}: {out}"
+    batches = promtext.diff(before, promtext.scrape(app.feature.url), "feature_batch_targets")
+    assert batches is not None, "no FeatureRunner batch observed"
+    merged = round(batches["count"] * (1 - batches["le_fraction"]["1024.0"]))
+    assert merged > 0, f"no FeatureRunner batch over 1024 targets among {batches['count']}: {out}"
 
 
 def test_canary_weights_and_stickiness(app, env):
