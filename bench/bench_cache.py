@@ -8,7 +8,7 @@ snapshot, then times, per call of ``--ids`` unique random ids:
 
     L1 get       L1Cache.get_many, all hits
     L2 MGET      the same command through redis-py's asyncio client and through the lean
-                 connection the L2 reads with (runners/cache/resp.py), side by side
+                 connection the L2 reads with (runners/feature/cache/resp.py), side by side
     L2 get       RedisFeatureLevel.get: one MGET (standalone) + decode, all hits
     L2 put       RedisFeatureLevel.put: one EVAL of the SET script
     origin       OriginLevel.get_many: fancy-index gather from the memmap (page cache warm)
@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runners.cache import L1Cache, OriginLevel, RedisFeatureLevel, TieredFeatureStore  # noqa: E402
-from runners.cache.resp import pack_command  # noqa: E402
-from tests.redis_servers import RedisCluster3, RedisServer  # noqa: E402
+from runners.feature.cache import L1Cache, OriginLevel, RedisFeatureLevel, TieredFeatureStore  # noqa: E402
+from runners.feature.cache.resp import pack_command  # noqa: E402
+from harness.redis_servers import RedisCluster3, RedisServer  # noqa: E402
 
 
 def summary(name: str, seconds: list[float]) -> str:

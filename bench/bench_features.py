@@ -52,12 +52,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.suite.workload import Uniform, Zipf  # noqa: E402
-from runners.cache.tiered import build_feature_store  # noqa: E402
-from runners.config import Settings  # noqa: E402
-from runners.feature_tensor import compact, encode, padded_nbytes  # noqa: E402
-from runners.neighbourhood import NeighbourhoodBuilder  # noqa: E402
-from runners.sampling import sample_tree  # noqa: E402
-from tests.redis_servers import RedisServer, redis_available  # noqa: E402
+from runners.feature.cache.tiered import build_feature_store  # noqa: E402
+from common.settings import Settings  # noqa: E402
+from common.feature_tensor import compact, encode, padded_nbytes  # noqa: E402
+from runners.feature.neighbourhood import NeighbourhoodBuilder  # noqa: E402
+from runners.feature.sampling import sample_tree  # noqa: E402
+from harness.redis_servers import RedisServer, redis_available  # noqa: E402
 from training_export.synthetic import SyntheticGraphSpec, generate  # noqa: E402
 
 FANOUT = (25, 10)

@@ -9,11 +9,11 @@ Prints numbers, never asserts; about 1.5-2 minutes on 2 cores (``--quick``: ~30 
    ONNX to a temporary directory (no model store).
 2. Forward only (features already gathered), 1 thread each, on the same sampled batches of
    1, 16, 64, 256, 1024 targets, fanout [25, 10]:
-      onnx   runners.backends.OnnxBackend (1 intra-op thread) on the deduplicated FeatureTensor
-      torch  runners.backends.TorchBackend (the dense model) on the same tensors
+      onnx   runners.graphsage.backends.OnnxBackend (1 intra-op thread) on the deduplicated FeatureTensor
+      torch  runners.graphsage.backends.TorchBackend (the dense model) on the same tensors
       pyg    training_export.pyg_model.PygGraphSAGE on the message-flow graph of the same tree
    Per call: targets/s, p50, p99. Separately: sample+compact and feature gather per batch.
-3. The runner under 32 concurrent callers, emulated in-process exactly as runners/graphsage.py
+3. The runner under 32 concurrent callers, emulated in-process exactly as runners/graphsage/service.py
    runs it: decode -> check_compatible -> AdaptiveBatcher.submit -> run_batch in a 1-thread
    executor -> wire.pack; each caller sends single-target FeatureTensors back to back for
    ``--duration`` seconds, batching on (max_batch_size 256) vs off (max_batch_size 1).
@@ -43,14 +43,14 @@ from bench.suite.workload import time_calls  # noqa: E402
 import torch  # noqa: E402
 
 from runners import wire  # noqa: E402
-from runners.backends import OnnxBackend, TorchBackend  # noqa: E402
-from runners.batching import AdaptiveBatcher  # noqa: E402
-from runners.config import Settings  # noqa: E402
-from runners.feature_tensor import FeatureTensor, compact, decode, encode  # noqa: E402
-from runners.inference import InferenceItem, LoadedModel, check_compatible, run_batch  # noqa: E402
-from runners.model_artifacts import CONFIG_FILE, ONNX_FILE, STATE_DICT_FILE, ModelArtifacts  # noqa: E402
-from runners.model_config import ModelConfig  # noqa: E402
-from runners.sampling import sample_tree  # noqa: E402
+from runners.graphsage.backends import OnnxBackend, TorchBackend  # noqa: E402
+from common.batching import AdaptiveBatcher  # noqa: E402
+from common.settings import Settings  # noqa: E402
+from common.feature_tensor import FeatureTensor, compact, decode, encode  # noqa: E402
+from runners.graphsage.inference import InferenceItem, LoadedModel, check_compatible, run_batch  # noqa: E402
+from runners.graphsage.model_artifacts import CONFIG_FILE, ONNX_FILE, STATE_DICT_FILE, ModelArtifacts  # noqa: E402
+from runners.graphsage.model_config import ModelConfig  # noqa: E402
+from runners.feature.sampling import sample_tree  # noqa: E402
 from training_export.export import export_onnx, to_dense  # noqa: E402
 from training_export.pyg_model import mfg_tensors  # noqa: E402
 from training_export.synthetic import SyntheticGraphSpec, generate  # noqa: E402

@@ -33,13 +33,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.suite.workload import Zipf  # noqa: E402
-from runners.cache.tiered import build_feature_store  # noqa: E402
-from runners.config import Settings  # noqa: E402
-from runners.feature_tensor import decode, encode  # noqa: E402
-from runners.inference import InferenceItem, ModelRegistry, run_batch  # noqa: E402
-from runners.model_artifacts import ONNX_PREMEAN_FILE, load_artifacts  # noqa: E402
-from runners.neighbourhood import NeighbourhoodBuilder  # noqa: E402
-from runners.snapshot import load_snapshot  # noqa: E402
+from runners.feature.cache.tiered import build_feature_store  # noqa: E402
+from common.settings import Settings  # noqa: E402
+from common.feature_tensor import decode, encode  # noqa: E402
+from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch  # noqa: E402
+from runners.graphsage.model_artifacts import ONNX_PREMEAN_FILE, load_artifacts  # noqa: E402
+from runners.feature.neighbourhood import NeighbourhoodBuilder  # noqa: E402
+from runners.feature.snapshot import load_snapshot  # noqa: E402
 from training_export.export import export_all, to_dense  # noqa: E402
 from training_export.pyg_model import PygGraphSAGE  # noqa: E402
 

@@ -22,8 +22,8 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.app_harness import SplitApp, build_demo_store  # noqa: E402
-from tests.redis_servers import RedisServer  # noqa: E402
+from harness.app import SplitApp, build_demo_store  # noqa: E402
+from harness.redis_servers import RedisServer  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "soak.json"
 

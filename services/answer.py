@@ -108,7 +108,7 @@ def _row_fragments(a: np.ndarray) -> list[bytes]:
 
 
 def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Answer:
-    """The model runner's answer (``runners.wire`` arrays + meta) for ``node_ids``."""
+    """The model runner's answer (``common.wire`` arrays + meta) for ``node_ids``."""
     return Answer(meta["model"], node_ids, arrays["probs"], meta.get("task") == "multilabel",
                   arrays.get("embedding"))
 

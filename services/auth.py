@@ -46,7 +46,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from services.files import atomic_write_json, file_lock, file_signature
+from common.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
 

@@ -20,15 +20,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runners import bentoml_timeout_fix, predict_request
-from runners.direct_api import JSON, DirectApi, ServiceInstance
-from runners.config import settings, tracing_config
-from runners.feature import FeatureRunner
-from runners.graphsage import GraphSAGERunner
-from runners.metrics import labelled
-from runners.remote import http_error
+from common.bento import timeout_fix as bentoml_timeout_fix
+
+from common import predict_request
+from common.bento.direct_api import JSON, DirectApi, ServiceInstance
+from common.settings import settings, tracing_config
+from runners.feature.service import FeatureRunner
+from runners.graphsage.service import GraphSAGERunner
+from common.metrics import labelled
+from common.remote import http_error
 from services.answer import Answer
-from services.breaker import CircuitBreaker
+from common.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
 from services.prediction import ApiError, PredictionCore
@@ -138,7 +140,7 @@ class Gateway:
         return Response(await self._answer(PredictRequest(**params)), media_type=JSON)
 
     async def predict_json(self, body: bytes) -> bytes:
-        """``predict`` on the raw JSON body: what ``runners.direct_api`` answers /predict with."""
+        """``predict`` on the raw JSON body: what ``common.bento.direct_api`` answers /predict with."""
         return await self._answer(PredictRequest.model_validate_json(body or b"{}"))
 
     async def _answer(self, req: PredictRequest) -> bytes:

@@ -261,7 +261,7 @@ async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth
     the port cannot be bound, e.g. another gateway worker holds it. ``auth``/``limiter``
     default to those ``build_access(settings())`` builds. The bound port is recorded as
     ``server.bound_port``."""
-    from runners.config import settings
+    from common.settings import settings
 
     auth, limiter = build_access(settings(), auth, limiter)
     server = grpc.aio.server(

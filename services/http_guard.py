@@ -74,7 +74,7 @@ def error_message(body: bytes) -> str:
 class HttpGuard:
     def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
                  limiter: Any | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        from runners.config import settings
+        from common.settings import settings
 
         self.app = app
         self.auth, self.limiter = build_access(settings(), auth, limiter)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
-from runners.metrics import LATENCY_BUCKETS
+from common.metrics import LATENCY_BUCKETS
 
 
 @functools.lru_cache(maxsize=1)

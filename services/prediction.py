@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runners import wire
-from runners.batching import AdaptiveBatcher
-from runners.sampling import random_seed
-from runners.remote import RunnerRejected, UpstreamFailed, failure_reason, rejecting_client_errors
-from services.breaker import BreakerOpen, CircuitBreaker
+from common import wire
+from common.batching import AdaptiveBatcher
+from common.predict_request import random_seed
+from common.remote import RunnerRejected, UpstreamFailed, failure_reason, rejecting_client_errors
+from common.breaker import BreakerOpen, CircuitBreaker
 from services.answer import Answer, from_wire
 from services.protocol import PredictRequest
 

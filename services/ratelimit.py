@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .breaker import CircuitBreaker
+from common.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class RedisRateLimiter:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        # The URL scheme of Settings.redis_url (as in runners.cache.l2_redis).
+        # The URL scheme of Settings.redis_url (as in runners.feature.cache.l2_redis).
         scheme, sep, rest = url.partition("://")
         if not sep:
             raise ValueError(f"not a redis URL: {url!r}")

@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from services.files import atomic_write_json, file_lock, file_signature
+from common.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ def model_store(tmp_path, monkeypatch) -> Iterator[str]:
 @pytest.fixture
 def redis_standalone(tmp_path):
     """A fresh standalone ``redis-server`` on a free loopback port, stopped after the test."""
-    from tests.redis_servers import RedisServer, redis_available
+    from harness.redis_servers import RedisServer, redis_available
 
     if not redis_available():
         pytest.skip("redis-server / redis-cli not installed")
@@ -67,7 +67,7 @@ def redis_standalone(tmp_path):
 def redis_cluster(tmp_path_factory):
     """A 3-master Redis Cluster (no replicas) shared by the session; a test that kills a node
     must restart it and wait for ``cluster_state:ok`` before it returns."""
-    from tests.redis_servers import RedisCluster3, redis_available
+    from harness.redis_servers import RedisCluster3, redis_available
 
     if not redis_available():
         pytest.skip("redis-server / redis-cli not installed")

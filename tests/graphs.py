@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from runners.snapshot import GraphSnapshot
+from runners.feature.snapshot import GraphSnapshot
 from training_export.synthetic import SyntheticGraphSpec, generate
 
 

@@ -1,4 +1,4 @@
-"""The sampler in plain numpy: the oracle that ``runners.sampling``'s compiled kernel must equal
+"""The sampler in plain numpy: the oracle that ``runners.feature.sampling``'s compiled kernel must equal
 bit for bit (the same splitmix64 draws, the same Floyd steps). Not used by the services."""
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_disabled_mode_admits_everyone_and_warns_once(caplog):
 
 
 def test_from_settings(keys):
-    from runners.config import load_settings
+    from common.settings import load_settings
 
     path, clear = keys
     assert not ApiKeyAuth.from_settings(load_settings({})).enabled

@@ -1,4 +1,4 @@
-"""``runners.batching.AdaptiveBatcher`` on its own: no server, no model (``asyncio.run`` per test).
+"""``common.batching.AdaptiveBatcher`` on its own: no server, no model (``asyncio.run`` per test).
 
 The batcher is created inside the running loop of each test: its ``asyncio.Queue`` binds to the
 loop that first uses it.
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from runners.batching import AdaptiveBatcher, BatchStats
+from common.batching import AdaptiveBatcher, BatchStats
 
 
 class Recorder:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runners import bentoml_timeout_fix
+from common.bento import timeout_fix as bentoml_timeout_fix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def test_a_request_that_does_not_answer_in_time_gets_504():
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
 
 
-@pytest.mark.parametrize("module", ["services.gateway", "runners.feature", "runners.graphsage",
+@pytest.mark.parametrize("module", ["services.gateway", "runners.feature.service", "runners.graphsage.service",
                                     "bench.suite.trivial_services"])
 def test_every_service_module_installs_the_fix(module):
     """Importing a service module (what a BentoML worker does first) patches the middleware."""
@@ -67,4 +67,4 @@ def test_every_service_module_installs_the_fix(module):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "BENTOML_DO_NOT_TRACK": "true"})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "runners.bentoml_timeout_fix"
+    assert out.stdout.strip().splitlines()[-1] == "common.bento.timeout_fix"

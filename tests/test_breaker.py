@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.breaker import BreakerOpen, BreakerState, CircuitBreaker
+from common.breaker import BreakerOpen, BreakerState, CircuitBreaker
 
 
 class FakeClock:
@@ -166,7 +166,7 @@ def test_cancelled_probe_releases_the_probe_slot():
 
 
 def test_from_settings_and_validation():
-    from runners.config import load_settings
+    from common.settings import load_settings
 
     s = load_settings({"GSAGE_BREAKER_FAILURES": "7", "GSAGE_BREAKER_RESET_S": "0.5"})
     b = CircuitBreaker.from_settings("model", s)

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import pytest
 
-from runners.cache import OriginLevel, TieredFeatureStore, build_feature_store
-from runners.cache.l1 import (ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, FREQ_WINDOW_PER_SLOT, MAP_BYTES_PER_ID,
+from runners.feature.cache import OriginLevel, TieredFeatureStore, build_feature_store
+from runners.feature.cache.l1 import (ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, FREQ_WINDOW_PER_SLOT, MAP_BYTES_PER_ID,
                               USES_BYTES_PER_ID, USES_MAX, L1Cache)
-from runners.config import Settings
+from common.settings import Settings
 
 DIM = 4
 ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES

@@ -13,15 +13,15 @@ import time
 import numpy as np
 import pytest
 
-from runners.cache import (
+from runners.feature.cache import (
     L1Cache,
     OriginLevel,
     RedisFeatureLevel,
     TieredFeatureStore,
     build_feature_store,
 )
-from runners.config import Settings
-from tests.redis_servers import RedisServer, free_port
+from common.settings import Settings
+from harness.redis_servers import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""runners.direct_api: hot routes answered without BentoML's dispatch, the rest passed through.
+"""common.bento.direct_api: hot routes answered without BentoML's dispatch, the rest passed through.
 The real services answer through it in tests/test_e2e.py and tests/test_faults.py."""
 
 import asyncio
@@ -8,8 +8,8 @@ import logging
 import pytest
 from pydantic import BaseModel
 
-from runners.direct_api import JSON, OCTET_STREAM, UNEXPECTED, DirectApi, ServiceInstance, error_answer
-from runners.remote import http_error
+from common.bento.direct_api import JSON, OCTET_STREAM, UNEXPECTED, DirectApi, ServiceInstance, error_answer
+from common.remote import http_error
 
 
 class Small(BaseModel):
@@ -127,8 +127,8 @@ def test_the_service_instance_is_looked_up_per_call():
 
 
 def test_each_service_serves_its_hot_api_directly_behind_its_guards():
-    from runners.feature import FeatureRunner
-    from runners.graphsage import GraphSAGERunner
+    from runners.feature.service import FeatureRunner
+    from runners.graphsage.service import GraphSAGERunner
     from services.gateway import Gateway
     from services.http_guard import HttpGuard
 

@@ -13,10 +13,12 @@ import httpx
 import numpy as np
 import pytest
 
-from runners import predict_request, wire
-from runners.feature_tensor import PREMEAN, decode
+from common import predict_request
+
+from common import wire
+from common.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from tests.app_harness import SplitApp, build_demo_store, closed_loop, free_port
+from harness.app import SplitApp, build_demo_store, closed_loop, free_port
 from tests.conftest import bentoml_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -67,11 +69,11 @@ def admin(app, env, body) -> httpx.Response:
 def in_process_probs(env, tag: str, node_ids: list[int], seed: int, premean_layout: bool | None = None) -> np.ndarray:
     import onnxruntime as ort
 
-    from runners.config import Settings
-    from runners.feature_tensor import compact, premean
-    from runners.model_artifacts import load_artifacts
-    from runners.sampling import sample_tree
-    from runners.snapshot import load_snapshot
+    from common.settings import Settings
+    from common.feature_tensor import compact, premean
+    from runners.graphsage.model_artifacts import load_artifacts
+    from runners.feature.sampling import sample_tree
+    from runners.feature.snapshot import load_snapshot
 
     with bentoml_home(env["home"]):
         snap, art = load_snapshot(), load_artifacts(tag)
@@ -109,7 +111,7 @@ def test_predict_equals_in_process_computation(app, env, ids):
 def test_bulk_request_of_isolated_nodes_is_answered(app, env):
     """Targets without neighbours: a premean-sized request whose tree has no last hop is sent in
     the level layout (it once failed in the FeatureRunner, a 5xx and a breaker failure)."""
-    from runners.snapshot import load_snapshot
+    from runners.feature.snapshot import load_snapshot
 
     with bentoml_home(env["home"]):
         isolated = np.flatnonzero(np.diff(load_snapshot().indptr) == 0)[:16].tolist()
@@ -212,7 +214,7 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
 
 
 def test_direct_api_and_bentoml_dispatch_answer_errors_alike(app, env):
-    """The FeatureRunner's /predict is answered by runners.direct_api, its /features by BentoML's
+    """The FeatureRunner's /predict is answered by common.bento.direct_api, its /features by BentoML's
     own dispatch: a client error looks the same from both, to BentoML's client and to curl."""
     direct = httpx.post(app.feature.url + "/predict", content=b"GSE1junk", timeout=10,
                         headers={"content-type": "application/octet-stream"})

@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.app_harness import Outcomes, SplitApp, build_demo_store, closed_loop
-from tests.redis_servers import RedisCluster3, RedisServer
+from harness.app import Outcomes, SplitApp, build_demo_store, closed_loop
+from harness.redis_servers import RedisCluster3, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "faults.json"

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runners import wire
-from runners.feature_tensor import (
+from common import wire
+from common.feature_tensor import (
     PREMEAN,
     FeatureTensor,
     FeatureTensorError,
@@ -15,7 +15,7 @@ from runners.feature_tensor import (
     premean,
     to_padded,
 )
-from runners.sampling import sample_tree
+from runners.feature.sampling import sample_tree
 from tests.graphs import small_graph
 
 
@@ -183,7 +183,7 @@ def test_envelope_round_trip_and_rejections():
 def test_a_raw_body_api_takes_the_body_as_it_arrived():
     import bentoml
 
-    from runners.graphsage import GraphSAGERunner
+    from runners.graphsage.service import GraphSAGERunner
 
     spec = GraphSAGERunner.apis["infer"].input_spec
     body = wire.envelope({"model": "graphsage:v1"}, b"GSW1")

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from runners.config import settings
+from common.settings import settings
 from services import grpc_codegen
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from services.grpc_server import MAX_RECEIVE_BYTES, SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for

@@ -148,7 +148,7 @@ def test_splits_files(tmp_path, files):
 
 
 def test_round_trip_through_the_model_store(tmp_path, files, model_store):
-    from runners.snapshot import load_snapshot, save_snapshot
+    from runners.feature.snapshot import load_snapshot, save_snapshot
 
     labels = write_npy(tmp_path / "l.npy", np.array([2, 0, 1, 2, 0, 1]))
     snap = import_graph(files["edges"], files["features"], labels)

@@ -1,8 +1,8 @@
-"""The GraphSAGERunner's core (``runners.inference``) without a server.
+"""The GraphSAGERunner's core (``runners.graphsage.inference``) without a server.
 
 Served parity with PyG per aggregator and backend, batch merging (rebasing, fanout padding),
 mixed-version batches, refusal of inputs that do not fit, and hot-load/unload of versions while
-requests flow through the same batcher + worker-thread path as ``runners/graphsage.py``.
+requests flow through the same batcher + worker-thread path as ``runners/graphsage/service.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from runners import wire
-from runners.batching import AdaptiveBatcher
-from runners.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, compact, decode, encode, premean
-from runners.inference import (
+from common import wire
+from common.batching import AdaptiveBatcher
+from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, compact, decode, encode, premean
+from runners.graphsage.inference import (
     IncompatibleInput,
     InferenceItem,
     ModelRegistry,
@@ -28,8 +28,8 @@ from runners.inference import (
     check_compatible,
     run_batch,
 )
-from runners.model_config import AGGREGATORS, ModelConfig
-from runners.sampling import sample_tree
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
+from runners.feature.sampling import sample_tree
 from tests.graphs import small_graph
 from training_export.export import export_and_verify, parity_targets
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
@@ -395,8 +395,8 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
 def test_a_model_exported_for_another_input_layout_is_refused(model_store, monkeypatch):
     import dataclasses
 
-    import runners.inference as inference
-    from runners.model_artifacts import load_artifacts
+    import runners.graphsage.inference as inference
+    from runners.graphsage.model_artifacts import load_artifacts
 
     tag = save("mean")
     assert ModelRegistry("onnx").load(tag).artifacts.metadata["input_layout"] == "levels-v1"

@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Counter
 
-from runners.metrics import labelled
+from common.metrics import labelled
 
 
 def test_labelled_reuses_one_child_per_label_values():

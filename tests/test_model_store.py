@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from runners.model_artifacts import load_artifacts
-from runners.model_config import ModelConfig
-from runners.snapshot import load_snapshot, save_snapshot
+from runners.graphsage.model_artifacts import load_artifacts
+from runners.graphsage.model_config import ModelConfig
+from runners.feature.snapshot import load_snapshot, save_snapshot
 from tests.graphs import small_graph
 from training_export.export import ParityError, export_and_verify, save_model
 from training_export.train import TrainSpec, train_graphsage

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from runners import narrowing
-from runners.narrowing import to_dtype
+from runners.feature import narrowing
+from runners.feature.narrowing import to_dtype
 
 
 def _rows() -> np.ndarray:

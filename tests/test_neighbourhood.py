@@ -11,11 +11,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from runners.cache.tiered import build_feature_store
-from runners.config import Settings
-from runners.feature_tensor import PREMEAN, FeatureTensor, decode, encode, premean, to_padded
-from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
-from runners.sampling import PAD, sample_tree
+from runners.feature.cache.tiered import build_feature_store
+from common.settings import Settings
+from common.feature_tensor import PREMEAN, FeatureTensor, decode, encode, premean, to_padded
+from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
+from runners.feature.sampling import PAD, sample_tree
 from tests.graphs import small_graph
 
 MAX_FANOUT = (25, 10)
@@ -402,7 +402,7 @@ def test_seed_in_merged_batch_matches_its_own(graph):
 def test_the_builder_prepares_float16_narrowing_before_the_first_request(graph, monkeypatch):
     """Building ONNX Runtime's Cast session imports onnx and onnxruntime (0.5 s here): a first
     float16 request that paid it left its model call no time on a slow machine (CI's 503)."""
-    from runners import narrowing
+    from runners.feature import narrowing
 
     monkeypatch.setattr(narrowing, "_session", None)
     make_builder(graph)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from runners.model_config import AGGREGATORS, ModelConfig
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
 from tests.graphs import small_graph
 from training_export.export import PARITY_TOLERANCE, check_parity, export_onnx, to_dense
 from training_export.train import TrainSpec, train_graphsage

@@ -2,7 +2,7 @@
 
 import socket
 
-from tests import ports
+from harness import ports
 
 
 def test_ports_are_distinct_bindable_and_not_ephemeral():

@@ -1,12 +1,14 @@
-"""The FeatureRunner.predict body (``runners.predict_request``) and the seeds it carries."""
+"""The FeatureRunner.predict body (``common.predict_request``) and the seeds it carries."""
 
 import numpy as np
 import pytest
 
-from runners import predict_request, wire
-from runners.cache.tiered import build_feature_store
-from runners.config import Settings
-from runners.neighbourhood import InvalidRequest, NeighbourhoodBuilder
+from common import predict_request
+
+from common import wire
+from runners.feature.cache.tiered import build_feature_store
+from common.settings import Settings
+from runners.feature.neighbourhood import InvalidRequest, NeighbourhoodBuilder
 from tests.graphs import small_graph
 
 

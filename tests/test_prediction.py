@@ -8,9 +8,9 @@ from http import HTTPStatus
 import numpy as np
 import pytest
 
-from runners import wire
-from runners.remote import UPSTREAM_FAILED
-from services.breaker import BreakerState, CircuitBreaker
+from common import wire
+from common.remote import UPSTREAM_FAILED
+from common.breaker import BreakerState, CircuitBreaker
 from services.prediction import ApiError, PredictionCore
 from services.protocol import PredictRequest
 
@@ -132,7 +132,7 @@ def test_a_model_runner_failure_opens_the_model_breaker_not_the_feature_one():
 def test_lost_connections_are_retried_twice_refused_ones_never():
     import aiohttp
 
-    from runners.remote import RunnerRejected, UpstreamFailed, rejecting_client_errors
+    from common.remote import RunnerRejected, UpstreamFailed, rejecting_client_errors
 
     def flaky(failures: list[BaseException]):
         calls = []

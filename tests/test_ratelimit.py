@@ -98,7 +98,7 @@ def test_idle_buckets_are_pruned_beyond_max_keys():
 
 
 def test_build_rate_limiter_from_settings():
-    from runners.config import load_settings
+    from common.settings import load_settings
 
     assert build_rate_limiter(load_settings({})).try_acquire("k").allowed  # unlimited default
     lim = build_rate_limiter(load_settings({"GSAGE_RATE_LIMIT_PER_S": "5",

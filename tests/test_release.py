@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.app_harness import ROOT, build_demo_store, free_port
+from harness.app import ROOT, build_demo_store, free_port
 
 K8S_DIR = ROOT / "bentos" / "k8s"
 

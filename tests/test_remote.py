@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from runners.remote import WaitBudget
+from common.remote import WaitBudget
 
 
 def test_only_the_wait_spends_the_budget():

@@ -1,4 +1,4 @@
-"""The lean L2 read connection (runners/cache/resp.py) against a real redis-server."""
+"""The lean L2 read connection (runners/feature/cache/resp.py) against a real redis-server."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from runners.cache.l2_redis import RedisFeatureLevel
-from runners.cache.resp import RespConnection, RespError, pack_command
-from tests.redis_servers import raw_command
+from runners.feature.cache.l2_redis import RedisFeatureLevel
+from runners.feature.cache.resp import RespConnection, RespError, pack_command
+from harness.redis_servers import raw_command
 
 
 

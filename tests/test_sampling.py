@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from runners.sampling import PAD, sample_neighbours, sample_tree
+from runners.feature.sampling import PAD, sample_neighbours, sample_tree
 from tests.graphs import small_graph
 
 
@@ -123,7 +123,7 @@ def test_the_gateway_never_loads_the_sampling_kernels():
 def test_read_only_ids_and_seeds_reuse_the_compiled_kernel(graph):
     """Ids and seeds decoded from a request body are read-only views: a numba type of their own,
     whose first call compiled a second kernel mid-traffic (a 300-480 ms stall at c=32)."""
-    from runners.kernels import sample_level
+    from runners.feature.kernels import sample_level
 
     nodes = np.arange(20, dtype=np.int64)
     seeds = np.arange(20, dtype=np.int64) * 7

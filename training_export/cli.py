@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any
 
-from runners.model_config import AGGREGATORS, ModelConfig
-from runners.snapshot import GraphSnapshot, load_snapshot, save_snapshot
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
+from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
 from training_export import importer
 from training_export.synthetic import SyntheticGraphSpec, generate
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from runners.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
-from runners.feature_tensor import LAYOUT, PREMEAN, compact, premean
-from runners.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, ONNX_PREMEAN_FILE, STATE_DICT_FILE, TENSORRT_DIR
-from runners.model_config import ModelConfig
-from runners.sampling import sample_tree
-from runners.snapshot import GraphSnapshot
+from runners.graphsage.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
+from common.feature_tensor import LAYOUT, PREMEAN, compact, premean
+from runners.graphsage.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, ONNX_PREMEAN_FILE, STATE_DICT_FILE, TENSORRT_DIR
+from runners.graphsage.model_config import ModelConfig
+from runners.feature.sampling import sample_tree
+from runners.feature.snapshot import GraphSnapshot
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 PARITY_TOLERANCE = 1e-4

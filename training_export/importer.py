@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from runners.snapshot import TASKS, GraphSnapshot
+from runners.feature.snapshot import TASKS, GraphSnapshot
 
 SPLITS = ("train", "val", "test")
 _TABLE_EXTS = (".csv", ".parquet", ".pq")
@@ -501,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(snapshot.metadata(), indent=2))
     if args.save:
-        from runners.snapshot import save_snapshot
+        from runners.feature.snapshot import save_snapshot
 
         print(f"saved {save_snapshot(snapshot)}")
     return 0

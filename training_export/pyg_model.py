@@ -1,7 +1,7 @@
 """GraphSAGE in PyTorch Geometric, trained on message-flow graphs built from our own sampler.
 
 PyG's NeighborLoader needs pyg-lib or torch-sparse (no wheels for this torch), and training must
-sample exactly as serving does, so mini-batches come from ``runners.sampling.sample_tree``.
+sample exactly as serving does, so mini-batches come from ``runners.feature.sampling.sample_tree``.
 A sampled tree becomes one bipartite edge set per depth (hop d+1 slots -> hop d slots); each
 SAGEConv layer runs once per depth, like PyG's "trim to layer" message-flow graphs.
 
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
 from torch_geometric.nn.aggr import LSTMAggregation
 
-from runners.model_config import ModelConfig
+from runners.graphsage.model_config import ModelConfig
 
 
 class PaddedLSTMAggregation(LSTMAggregation):

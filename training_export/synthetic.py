@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 from tqdm.auto import tqdm
 
-from runners.snapshot import GraphSnapshot
+from runners.feature.snapshot import GraphSnapshot
 
 
 @dataclasses.dataclass(frozen=True)

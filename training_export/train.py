@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from runners.model_config import ModelConfig
-from runners.sampling import sample_tree
-from runners.snapshot import GraphSnapshot
+from runners.graphsage.model_config import ModelConfig
+from runners.feature.sampling import sample_tree
+from runners.feature.snapshot import GraphSnapshot
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 

@@ -24,7 +24,7 @@ import tempfile
 
 from bench.suite import procs
 from bench.suite.runner import HOME_100K, Suite, ensure_store, snapshot_counts
-from tests.redis_servers import RedisServer, redis_available
+from harness.redis_servers import RedisServer, redis_available
 
 
 def parse_env(spec: str) -> dict[str, str]:

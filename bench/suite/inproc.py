@@ -1,12 +1,12 @@
 """Baselines B3 and B4: the whole job in one Python process, no HTTP, no serialisation.
 
-B3 (project monolith): ``runners.neighbourhood.NeighbourhoodBuilder`` (validate + sample_tree +
+B3 (project monolith): ``runners.feature.neighbourhood.NeighbourhoodBuilder`` (validate + sample_tree +
     tiered feature fetch, L1 holding every row after the first pass, no Redis; the premean
     tensor when the model takes it, as the served FeatureRunner sends) ->
-    ``runners.inference.run_batch`` (merge + ONNX Runtime, 1 intra-op thread, as served).
+    ``runners.graphsage.inference.run_batch`` (merge + ONNX Runtime, 1 intra-op thread, as served).
     Also without L1 (``b3_no_l1``: every batch a scan, as the served FeatureRunner runs bulk
     requests: rows gathered from the memory-mapped snapshot). B3's figure is the better of the two.
-B4 (PyG monolith): ``runners.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
+B4 (PyG monolith): ``runners.feature.sampling.sample_tree`` -> ``training_export.pyg_model.mfg_tensors``
     (gather per slot + edge lists) -> ``PygGraphSAGE`` with the stored ``state_dict.pt`` ->
     softmax; torch with 1 thread (as B3) and with all cores.
 B3 at 1 node also after an idle gap before each call (``b3_idle``, ``--idle-ms``): a service at
@@ -92,13 +92,13 @@ def main() -> None:
     import torch
 
     from bench.suite.workload import Zipf
-    from runners.cache.tiered import build_feature_store
-    from runners.config import Settings
-    from runners.feature_tensor import PREMEAN
-    from runners.inference import InferenceItem, ModelRegistry, run_batch
-    from runners.neighbourhood import NeighbourhoodBuilder
-    from runners.sampling import sample_tree
-    from runners.snapshot import load_snapshot
+    from runners.feature.cache.tiered import build_feature_store
+    from common.settings import Settings
+    from common.feature_tensor import PREMEAN
+    from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch
+    from runners.feature.neighbourhood import NeighbourhoodBuilder
+    from runners.feature.sampling import sample_tree
+    from runners.feature.snapshot import load_snapshot
     from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
     t0 = time.perf_counter()

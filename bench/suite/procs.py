@@ -17,14 +17,15 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.app_harness import free_port, private_home
+from harness.app import free_port, private_home
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where the services run from (their cwd, so their imports): the checkout, or a snapshot of it
 # taken at the start of the run (``snapshot_code``) so that edits made while the suite runs do
 # not change the code under test half-way.
 CODE_DIR = ROOT
-SNAPSHOT_DIRS = ("services", "runners", "training_export", "bench", "tests")
+PRODUCT_DIRS = ("common", "services", "runners", "training_export")
+SNAPSHOT_DIRS = (*PRODUCT_DIRS, "harness", "bench", "tests")
 
 
 def _git(*args: str) -> str:
@@ -35,7 +36,7 @@ def _git(*args: str) -> str:
 def snapshot_code(dest: str, mode: str = "worktree") -> dict:
     """Copy the code the services import into ``dest``: ``worktree`` = the files on disk now
     (tracked and untracked, ignored ones skipped except generated gRPC stubs), ``head`` = the
-    last commit for services/ runners/ training_export/ (bench/ and tests/ from disk). Returns
+    last commit for the product code (``PRODUCT_DIRS``; harness/, bench/ and tests/ from disk). Returns
     the provenance recorded in the results."""
     global CODE_DIR
     if os.path.isdir(dest):
@@ -44,10 +45,10 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
     files = _git("ls-files", "-co", "--exclude-standard", "--", *SNAPSHOT_DIRS).split("\n")
     files = [f for f in files if f and not f.startswith("bench/results/")]
     if mode == "head":
-        archive = subprocess.run(["git", "archive", "HEAD", "services", "runners", "training_export"], cwd=ROOT,
+        archive = subprocess.run(["git", "archive", "HEAD", *PRODUCT_DIRS], cwd=ROOT,
                                  capture_output=True, timeout=60, check=True).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True, timeout=60)
-        files = [f for f in files if f.startswith(("bench/", "tests/"))]
+        files = [f for f in files if f.startswith(("harness/", "bench/", "tests/"))]
     for rel in files:
         src = ROOT / rel
         if src.is_file():
@@ -58,7 +59,7 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
         shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"),
                         ignore=shutil.ignore_patterns("__pycache__"))
     CODE_DIR = Path(dest)
-    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", "services", "runners", "training_export")
+    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", *PRODUCT_DIRS)
              .splitlines() if ln.strip()]
     return {"mode": mode, "git_head": _git("rev-parse", "HEAD").strip(),
             "git_head_subject": _git("log", "-1", "--format=%s").strip(),

@@ -23,7 +23,7 @@ import psutil
 
 from bench.suite import loadgen, procs, promtext
 from bench.suite.workload import bodies, make_dist
-from tests.redis_servers import HOST, RedisServer, raw_command, redis_available
+from harness.redis_servers import HOST, RedisServer, raw_command, redis_available
 
 HOME_100K = "/tmp/gsage-bench-home"
 HOME_1M = "/tmp/gsage-bench-home-1m"
@@ -417,7 +417,7 @@ class Suite:
         topos = [app_r, app_n, b1, b2]
         app_d = None
         if not a.quick:  # what-if: the model runner's batching window, the other way from its default
-            out = run_cmd([sys.executable, "-c", "from runners.config import Settings;"
+            out = run_cmd([sys.executable, "-c", "from common.settings import Settings;"
                            "print(Settings().max_batch_delay_ms)"], timeout=60)
             default = float(out.stdout.strip() or 0)
             alt = 2.0 if default == 0 else 0.0
@@ -610,12 +610,12 @@ def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int 
                         idle_s: float = 0.010) -> dict[str, Any]:
     """Time MGETs of ``keys_per_call`` random cached feature rows (about one request's L1 misses)
     straight from this process, through the FeatureRunner's own connection class
-    (``runners.cache.resp``): what an L2 read costs with no service, batcher or load around it.
+    (``runners.feature.cache.resp``): what an L2 read costs with no service, batcher or load around it.
     ``seconds / 2`` back to back, then ``seconds`` with ``idle_s`` of sleep before each call, as
     the FeatureRunner and Redis both idle between requests at c=1 (``idle`` in the result)."""
     import redis.asyncio as aioredis
 
-    from runners.cache.resp import RespConnection, pack_command
+    from runners.feature.cache.resp import RespConnection, pack_command
 
     async def keys_cached() -> list[bytes]:
         client = aioredis.Redis.from_url(server.url)

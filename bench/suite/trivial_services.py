@@ -5,10 +5,10 @@ exactly the topology of the real app (the gateway sends the node ids to the feat
 ``predict`` as int64 bytes, which sends a bytes blob to the model service, as the app's services
 do: one raw ``application/octet-stream`` body per hop, not pickled keyword arguments; async APIs, ``await
 dep.to_async.method(...)``; the runners' service options of the app
-(``runners.config.runner_service_options``: the ``runner_connection`` workaround, no access log,
+(``common.settings.runner_service_options``: the ``runner_connection`` workaround, no access log,
 tracing as configured), started split: one process per service). Their endpoints are plain
 ``@bentoml.api`` ones, BentoML's own dispatch: the app answers its hot APIs past it
-(``runners.direct_api``), which is part of what the app is measured for. The answer has the same shape
+(``common.bento.direct_api``), which is part of what the app is measured for. The answer has the same shape
 as ``/predict``'s (one entry per node), so the gateway pays comparable JSON costs; the runners
 only echo a few bytes.
 
@@ -23,8 +23,10 @@ import struct
 import bentoml
 import numpy as np
 
-from runners import bentoml_timeout_fix, config
-from runners.wire import BinaryBody, take_raw_body
+from common.bento import timeout_fix as bentoml_timeout_fix
+
+from common import settings as config
+from common.wire import BinaryBody, take_raw_body
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 

@@ -28,7 +28,7 @@ import orjson
 from bentoml.exceptions import BentoMLException
 from pydantic import ValidationError
 
-from runners.remote import http_error
+from common.remote import http_error
 
 log = logging.getLogger("graphsage.direct_api")
 

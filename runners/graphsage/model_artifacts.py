@@ -5,7 +5,7 @@ Layout inside the entry's directory::
     model.onnx         the dense served network (inputs: features, idx0..idxL; outputs:
                        logits, probs, embedding), dynamic batch and node counts
     model_premean.onnx mean aggregator, 2+ layers: the same network with the premean input
-                       (features, idx0..idx{L-1}, last_rows, last_mean; runners.dense_model.PremeanInputs)
+                       (features, idx0..idx{L-1}, last_rows, last_mean; runners.graphsage.dense_model.PremeanInputs)
     state_dict.pt      the PyG model's state dict (the dense torch model loads it unchanged)
     config.json        ModelConfig: everything needed to rebuild either model without code
     tensorrt/          TensorRT plans, one per (GPU model, TensorRT version, precision); built by
@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from runners.model_config import ModelConfig
+from runners.graphsage.model_config import ModelConfig
 
 MODEL_NAME = "graphsage"
 ONNX_FILE = "model.onnx"

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..config import Settings
+from common.settings import Settings
 from .base import ROW_DTYPE, as_ids
 from .l1 import L1Cache
 from .l2_redis import RedisFeatureLevel

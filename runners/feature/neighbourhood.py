@@ -1,6 +1,6 @@
 """The FeatureRunner's core, without BentoML: node ids -> sampled neighbourhood -> FeatureTensor.
 
-Concurrent requests arrive here merged (``runners.batching``): one vectorised sampling call per
+Concurrent requests arrive here merged (``common.batching``): one vectorised sampling call per
 fanout, one feature fetch for the distinct nodes of the whole batch (a node wanted by several
 requests is fetched once), then one deduplicated FeatureTensor per request.
 """
@@ -14,11 +14,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runners.cache.tiered import FetchStats, TieredFeatureStore
-from runners.feature_tensor import FeatureTensor, PremeanTree, compact
-from runners.narrowing import to_dtype
-from runners.sampling import random_seed, sample_tree
-from runners.snapshot import GraphSnapshot
+from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
+from common.feature_tensor import FeatureTensor, PremeanTree, compact
+from runners.feature.narrowing import to_dtype
+from common.predict_request import random_seed
+from runners.feature.sampling import sample_tree
+from runners.feature.snapshot import GraphSnapshot
 
 TRANSPORT_DTYPES = ("float32", "float16")
 
@@ -38,7 +39,7 @@ class FeatureRequest:
     seed: int
     dtype: str = "float32"
     seeds: np.ndarray | None = None  # one per node: several gateway requests merged into one
-    premean: bool = False  # the premean layout (runners.feature_tensor): the last hop as its means
+    premean: bool = False  # the premean layout (common.feature_tensor): the last hop as its means
 
 
 @dataclasses.dataclass
@@ -68,7 +69,7 @@ class NeighbourhoodBuilder:
             tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                       np.zeros(1, np.int64))
             tree.tensor_parts(snapshot.features[tree.unique])
-        # Likewise ONNX Runtime's Cast session for float16 rows (runners/narrowing.py): importing
+        # Likewise ONNX Runtime's Cast session for float16 rows (runners/feature/narrowing.py): importing
         # onnx and onnxruntime cost the first float16 request 0.48 s here, ~1.5 s on a 3x slower
         # machine, where that first request's model call then missed its deadline (a 503 in CI).
         to_dtype(np.ascontiguousarray(snapshot.features[:1]), "float16")

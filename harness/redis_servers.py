@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from tests.ports import free_port
+from harness.ports import free_port
 
 STARTUP_TIMEOUT_S = 10.0
 CLUSTER_TIMEOUT_S = 20.0

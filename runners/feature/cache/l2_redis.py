@@ -19,7 +19,7 @@ pipeline) of event-loop CPU per queued command (measured on a 2-vCPU Xeon VM), s
 number of round trips; both are kept at one per master:
 
 * standalone read: one ``MGET`` of all the request's keys, on a lean pipelined connection of
-  its own (``runners/cache/resp.py``; redis-py's for TLS and unix sockets).
+  its own (``runners/feature/cache/resp.py``; redis-py's for TLS and unix sockets).
 * standalone write: one ``EVAL`` of ``SET_SCRIPT`` (``SET key row PX ttl`` in a Lua loop). A
   transaction-free pipeline of N ``SET``s was measured at ~10 ms of client CPU for 276 rows.
 * Cluster (``redis+cluster://host:port`` or ``cluster=True``): a key per node id means nearly one
@@ -150,7 +150,7 @@ class RedisFeatureLevel:
     ) -> None:
         self._client = client
         self.cluster = isinstance(client, RedisCluster)
-        # Standalone reads skip redis-py (runners/cache/resp.py: MGET of 140 rows P99 781 -> 299 us).
+        # Standalone reads skip redis-py (runners/feature/cache/resp.py: MGET of 140 rows P99 781 -> 299 us).
         self._reads = None if self.cluster else RespConnection.like(client)
         self.snapshot_version = snapshot_version
         prefix = row_key_prefix(snapshot_version)

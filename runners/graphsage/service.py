@@ -21,14 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
 
-from runners import bentoml_timeout_fix, wire
-from runners.batching import AdaptiveBatcher, BatchStats
-from runners.config import runner_service_options, settings
-from runners.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
-from runners.feature_tensor import FeatureTensorError, decode
-from runners.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
-from runners.metrics import labelled, model_metrics
-from runners.wire import BinaryBody
+from common.bento import timeout_fix as bentoml_timeout_fix
+
+from common import wire
+from common.batching import AdaptiveBatcher, BatchStats
+from common.settings import runner_service_options, settings
+from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
+from common.feature_tensor import FeatureTensorError, decode
+from runners.graphsage.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
+from common.metrics import labelled
+from runners.graphsage.metrics import model_metrics
+from common.wire import BinaryBody
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
@@ -80,11 +83,11 @@ class GraphSAGERunner:
     async def infer(self, request: BinaryBody, /) -> BinaryBody:
         """Run a model on an encoded FeatureTensor. The body is ``wire.envelope({"model": tag,
         "embedding": bool}, tensor)``; returns logits/probs (and embedding) packed with
-        ``runners.wire``, meta: the exact model tag, backend and task."""
+        ``common.wire``, meta: the exact model tag, backend and task."""
         return await self.infer_body(request)
 
     async def infer_body(self, request: bytes) -> bytes:
-        """``infer``'s work (what ``runners.direct_api`` answers it with)."""
+        """``infer``'s work (what ``common.bento.direct_api`` answers it with)."""
         try:
             options, tensor = wire.open_envelope(request)
             model = options.get("model", "graphsage:latest")

@@ -14,7 +14,7 @@ the demo graph's mean degree is 10; here each distinct row travels once, padding
 indices, and a padded first-hop slot has no second-hop row at all, so neither the bytes nor the
 model's work grow with padding.
 
-The premean layout (``PREMEAN``; mean aggregator, L >= 2 hops; see ``runners.dense_model``):
+The premean layout (``PREMEAN``; mean aggregator, L >= 2 hops; see ``runners.graphsage.dense_model``):
 the last hop arrives aggregated, and the level before it deduplicated. ``features`` holds the rows
 of levels 0..L-1 only and ``index`` stops at ``idx{L-1}``, whose entries point at the *distinct*
 (node, seed) pairs of level L-1 (a node sampled twice with one seed has the same neighbours
@@ -23,7 +23,7 @@ row and ``last_mean [E, F]`` the mean of its sampled neighbours' rows; ``last_fa
 last hop's k. On the demo graph a Zipf 256-target request drops from ~6,800 rows to ~2,300
 (1,064 pairs for 1,593 hop-1 slots).
 
-Encoding: ``runners.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
+Encoding: ``common.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runners import wire
+from common import wire
 
 # The model input contract this layout implies; stored with every exported model and checked at
 # load, so a model exported for another layout is refused instead of failing inside a batch.
@@ -115,7 +115,7 @@ class FeatureTensor:
 def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """A sampled padded tree -> (distinct node ids, level-compacted int32 index into them).
     The ids come in order of first appearance (targets first), not sorted."""
-    from runners.kernels import distinct_positions  # numba: only processes that compact load it
+    from runners.feature.kernels import distinct_positions  # numba: only processes that compact load it
 
     flat = np.concatenate([t.reshape(-1) for t in tree]).astype(np.int64, copy=False)
     unique, positions = distinct_positions(flat)
@@ -141,7 +141,7 @@ def premean(rows: np.ndarray, index: Sequence[np.ndarray],
     without sampling the last hop of repeated entries (``PremeanTree``); tests hold the two equal.
     The kept rows are a prefix of ``rows``: ``compact`` numbers ids in order of first appearance,
     level by level, so every id of levels 0..L-1 comes before the ids first seen in the last."""
-    from runners.kernels import mean_rows  # numba: only processes that compact load it
+    from runners.feature.kernels import mean_rows  # numba: only processes that compact load it
 
     if len(index) < 3:
         raise ValueError("the premean layout needs at least 2 hops")
@@ -160,7 +160,7 @@ def _entries(inner: Sequence[np.ndarray],
     """The distinct (node, seed) entries of the last level of a compacted tree ``inner`` (levels
     0..L-1): (that level as entry numbers, -1 at padding; each entry's first real slot; each real
     slot's row; each real slot's seed), entries numbered in order of first appearance."""
-    from runners.kernels import distinct_first
+    from runners.feature.kernels import distinct_first
 
     slot_seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), inner[0].shape)
     for level in inner[1:]:  # the seed of each real slot, level by level (row-major)
@@ -200,8 +200,8 @@ class PremeanTree:
     @classmethod
     def sample(cls, indptr: np.ndarray, indices: np.ndarray, targets: np.ndarray, fanouts: Sequence[int],
                seeds: np.ndarray) -> "PremeanTree":
-        from runners.kernels import distinct_positions
-        from runners.sampling import sample_neighbours, sample_tree
+        from runners.feature.kernels import distinct_positions
+        from runners.feature.sampling import sample_neighbours, sample_tree
 
         if len(fanouts) < 2:
             raise ValueError("the premean layout needs at least 2 hops")
@@ -218,7 +218,7 @@ class PremeanTree:
 
     def tensor_parts(self, rows: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
         """``premean``'s result from the rows of ``unique``."""
-        from runners.kernels import mean_rows
+        from runners.feature.kernels import mean_rows
 
         means = np.zeros((self.last_rows.size, rows.shape[1]), np.float32)
         mean_rows(np.ascontiguousarray(rows, dtype=np.float32), self.last_index, means)

@@ -6,7 +6,7 @@ request whatever its size. Compiled, one request's sampling costs 0.02-0.04 ms i
 (one target) and 0.23 instead of 2.7 ms (256 targets), with bit-for-bit the same samples
 (``tests/sampling_reference.py`` is the numpy algorithm, the oracle of the tests).
 
-Imported inside the functions that use it (``runners.sampling``, ``runners.feature_tensor.compact``): the gateway imports
+Imported inside the functions that use it (``runners.feature.sampling``, ``common.feature_tensor.compact``): the gateway imports
 the runner classes for ``bentoml.depends`` and must not load LLVM. Kernels are cached on disk
 (``cache=True``, next to this file or in numba's user cache); ``NeighbourhoodBuilder`` runs them
 once at start on the snapshot's own arrays (read-only memory maps are a type of their own).
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-PAD = -1  # runners.sampling.PAD (a numba global is frozen at compile time)
+PAD = -1  # runners.feature.sampling.PAD (a numba global is frozen at compile time)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

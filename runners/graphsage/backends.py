@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from runners.model_artifacts import ModelArtifacts
+from runners.graphsage.model_artifacts import ModelArtifacts
 
 log = logging.getLogger(__name__)
 KINDS = ("onnx", "torch", "tensorrt")
@@ -22,7 +22,7 @@ Outputs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 class Backend(Protocol):
     name: str
-    supports_premean: bool  # takes the premean input (runners.feature_tensor.PREMEAN)
+    supports_premean: bool  # takes the premean input (common.feature_tensor.PREMEAN)
 
     def run(self, features: np.ndarray, index: list[np.ndarray],
             premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs: ...
@@ -99,7 +99,7 @@ class TorchBackend:
     def __init__(self, artifacts: ModelArtifacts, threads: int = 1) -> None:
         import torch
 
-        from runners.dense_model import DenseGraphSAGE, supports_premean
+        from runners.graphsage.dense_model import DenseGraphSAGE, supports_premean
 
         torch.set_num_threads(threads)
         self._torch = torch

@@ -9,12 +9,18 @@ int64 arrays, one raw ``application/octet-stream`` body.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from runners import wire
+from common import wire
+
+
+def random_seed() -> int:
+    """A seed for a request that sent none (63 bits: a non-negative int64 on the wire)."""
+    return secrets.randbits(63)
 
 
 class BadPredictRequest(ValueError):

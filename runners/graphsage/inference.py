@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from runners.backends import Backend, load_backend
-from runners.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
-from runners.model_artifacts import ModelArtifacts, load_artifacts
+from runners.graphsage.backends import Backend, load_backend
+from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
+from runners.graphsage.model_artifacts import ModelArtifacts, load_artifacts
 
 
 class UnknownVersion(LookupError):

@@ -51,7 +51,7 @@ class Settings:
     l1_ttl_s: float = 300.0
     # Admission: when full, L1 takes a new row only once it was looked up this many times recently
     # (0: plain LRU). Zipf single-target stream, L1 at 10%: hit ratio 47.3% -> 58.3%, L1 inserts
-    # per request 28.8 -> 0.8 (runners/cache/l1.py, bench/bench_features.py).
+    # per request 28.8 -> 0.8 (runners/feature/cache/l1.py, bench/bench_features.py).
     l1_admit_min_uses: int = 3
     # L2: Redis. Empty URL = no L2. ``redis://host:port/0`` or ``redis+cluster://host:port``.
     redis_url: str = ""
@@ -66,7 +66,7 @@ class Settings:
     l2_write_delay_ms: float = 100.0
     warm_nodes: int = 0
     # Feature batches of at least this many targets are scans: the snapshot only (no L1, no
-    # Redis), no cache fill (runners/cache/tiered.py says why). 0 turns it off. Single-node
+    # Redis), no cache fill (runners/feature/cache/tiered.py says why). 0 turns it off. Single-node
     # traffic merged at concurrency 32 stays below it.
     scan_min_targets: int = 64
     # The FeatureTensor rows as the gateway asks for them (float32 | float16). float16 halves the
@@ -96,7 +96,7 @@ class Settings:
     inline_forward_max_targets: int = 16
 
     # The hot APIs (the gateway's /predict, FeatureRunner.predict, GraphSAGERunner.infer) answered
-    # by runners.direct_api, past BentoML's per-request API dispatch; off: through @bentoml.api,
+    # by common.bento.direct_api, past BentoML's per-request API dispatch; off: through @bentoml.api,
     # with the same answers. c=32: 1,205 -> 1,746 req/s; c=1 mean 7.67 -> 5.40 ms (bench.suite.ab).
     direct_api: bool = True
 
@@ -115,7 +115,7 @@ class Settings:
     # Merged runner calls in flight per gateway worker. Beside calls in flight, the next starts
     # once full (coalesce_max_nodes nodes) or once it holds coalesce_overlap_ratio times the
     # nodes of the largest call in flight (inf: only full calls): bulk traffic pipelines, small
-    # requests merge into a few calls of similar size (runners/batching.py has the figures).
+    # requests merge into a few calls of similar size (common/batching.py has the figures).
     coalesce_max_inflight: int = 4
     # The most nodes one merged call carries (the FeatureRunner admits calls of this size): merging
     # amortises each call's fixed cost over more nodes. Bulk 256 at c=16 (bench.suite.ab, each

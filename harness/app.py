@@ -20,7 +20,7 @@ import httpx
 import psutil
 
 from bentos.local_split import stop_process_tree
-from tests.ports import free_port
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "services.gateway:Gateway"

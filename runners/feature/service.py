@@ -19,19 +19,24 @@ import logging
 import bentoml
 import numpy as np
 
-from runners import bentoml_timeout_fix, predict_request, wire
-from runners.batching import AdaptiveBatcher
-from runners.cache.tiered import build_feature_store
-from runners.config import runner_service_options, settings
-from runners.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
-from runners.feature_tensor import PREMEAN, FeatureTensor, encode
-from runners.graphsage import GraphSAGERunner
-from runners.metrics import feature_metrics, labelled
-from runners.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
-from runners.remote import (UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason, http_error,
+from common.bento import timeout_fix as bentoml_timeout_fix
+
+from common import predict_request
+
+from common import wire
+from common.batching import AdaptiveBatcher
+from runners.feature.cache.tiered import build_feature_store
+from common.settings import runner_service_options, settings
+from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
+from common.feature_tensor import PREMEAN, FeatureTensor, encode
+from runners.graphsage.service import GraphSAGERunner
+from common.metrics import labelled
+from runners.feature.metrics import feature_metrics
+from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
+from common.remote import (UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason, http_error,
                             rejecting_client_errors)
-from runners.snapshot import load_snapshot
-from runners.wire import BinaryBody, take_raw_body
+from runners.feature.snapshot import load_snapshot
+from common.wire import BinaryBody, take_raw_body
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
@@ -111,7 +116,7 @@ class FeatureRunner:
     @bentoml.api
     async def features(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,
                        dtype: str = "float32", seeds: list[int] | None = None, premean: bool = False) -> BinaryBody:
-        """Sample and fetch; returns the encoded FeatureTensor (``runners.feature_tensor``).
+        """Sample and fetch; returns the encoded FeatureTensor (``common.feature_tensor``).
         ``seeds`` (one per node) lets a caller merge requests that carry different seeds;
         ``premean``: the premean layout (the last hop as its means, for mean models)."""
         blob = encode(await self._tensor(node_ids, fanout, seed, dtype, seeds, premean))
@@ -121,8 +126,8 @@ class FeatureRunner:
     @bentoml.api
     async def predict(self, request: BinaryBody, /) -> BinaryBody:
         """``features``, then the GraphSAGERunner's ``infer`` on the tensor; returns its answer
-        as it came (``runners.wire``: logits, probs, embedding). The body is
-        ``runners.predict_request`` (options + int64 node ids and seeds). The model runner's 4xx
+        as it came (``common.wire``: logits, probs, embedding). The body is
+        ``common.predict_request`` (options + int64 node ids and seeds). The model runner's 4xx
         answers (unknown version, incompatible tensor) pass through; when it is down or slower
         than ``Settings.model_call_timeout_s``, the answer is 502, never this runner's own 5xx.
 
@@ -131,7 +136,7 @@ class FeatureRunner:
         return await self.predict_body(request)
 
     async def predict_body(self, request: bytes) -> bytes:
-        """``predict``'s work (what ``runners.direct_api`` answers it with)."""
+        """``predict``'s work (what ``common.bento.direct_api`` answers it with)."""
         try:
             options, node_ids, seeds = predict_request.decode(request)
         except predict_request.BadPredictRequest as exc:

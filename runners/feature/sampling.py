@@ -11,7 +11,7 @@ unchanged, and the same ids, fanout and seed always give the same neighbourhood.
 
 Why compiled: the numpy version of this loop cost ~60 numpy calls per request whatever its size
 (0.40 ms for one target, 2.7 ms for 256 on this machine); the kernel does the same arithmetic in
-0.04 and 0.46 ms, bit for bit the same samples (``runners/kernels.py``; ``tests/sampling_reference.py``
+0.04 and 0.46 ms, bit for bit the same samples (``runners/feature/kernels.py``; ``tests/sampling_reference.py``
 is the numpy version, kept as the test oracle).
 
 Output (``sample_tree``): one array per hop, ``[B]``, ``[B, k1]``, ``[B, k1, k2]`` ..., node ids
@@ -20,18 +20,13 @@ as int64 with ``-1`` as padding; in every row the real neighbours come first.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 
 import numpy as np
 
+from common.predict_request import random_seed
+
 PAD = -1
-
-
-def random_seed() -> int:
-    return secrets.randbits(63)
-
-
 Seeds = int | np.ndarray  # one seed for all nodes, or one per node
 
 
@@ -60,7 +55,7 @@ def sample_neighbours(
     nodes, seeds = _writable(nodes), _writable(seeds)
     # Imported here: processes that never sample (the gateway imports the runner classes for
     # ``bentoml.depends``) never load numba.
-    from runners.kernels import sample_level
+    from runners.feature.kernels import sample_level
 
     sample_level(indptr, indices, nodes, seeds, int(fanout), int(hop), out)
     return out

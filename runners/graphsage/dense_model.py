@@ -7,7 +7,7 @@ and runs well in ONNX Runtime and TensorRT, where PyG's scatter-based SAGEConv d
 Parameter names equal PyG's ``SAGEConv`` (``convs.{i}.lin_l``, ``lin_r``, ``lin`` for the
 pooling projection, ``aggr_module.lstm``), so a trained PyG state dict loads unchanged.
 
-The input is the level-compacted FeatureTensor (``runners.feature_tensor``): each hop holds
+The input is the level-compacted FeatureTensor (``common.feature_tensor``): each hop holds
 neighbours of the previous hop's *real* nodes only, so work scales with real nodes, not with
 the padded tree (on the demo graph ~73% of a padded [25, 10] tree is padding). Neighbour sets
 are materialised as ``[nodes, k, C]`` blocks whose padding rows are exactly zero (a gather from
@@ -26,7 +26,7 @@ The premean input (``PremeanInputs``, mean aggregator, L >= 2): the last hop arr
 The first layer's mean over a last-level node's neighbours is linear in their raw features, so
 the FeatureRunner sends that mean instead of the rows and their index, once per distinct
 (node, seed) of level L-1: ``idx{L-1}`` points at those entries, ``last_rows [E]`` gives each
-entry's row and ``last_mean [E, F]`` its mean (``runners.feature_tensor``). Same function, fewer
+entry's row and ``last_mean [E, F]`` its mean (``common.feature_tensor``). Same function, fewer
 bytes (the last hop holds most rows), no gather over them, and level L-1 computed once per entry.
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from runners.model_config import ModelConfig
+from runners.graphsage.model_config import ModelConfig
 
 
 class _LSTMAggregator(nn.Module):

@@ -1,0 +1,1 @@
+"""The BentoML adapter: every use of BentoML internals lives in this package."""

@@ -1,0 +1,1 @@
+"""Processes, Redis servers, ports and load for tests and benchmarks alike."""

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the GraphSAGERunner (served on its ``/metrics`` by BentoML).
+
+Created lazily so that importing the service's core for tests needs no metrics registry. Queue time and compute time are
+separate (as Triton reports them); request and batch counters give the mean batch size as
+their ratio.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
+
+
+@functools.lru_cache(maxsize=1)
+def model_metrics() -> SimpleNamespace:
+    import bentoml
+
+    m = bentoml.metrics
+    return SimpleNamespace(
+        batch_targets=m.Histogram(name="graphsage_batch_targets", documentation="Targets per forward pass",
+                                  buckets=SIZE_BUCKETS),
+        queue=m.Histogram(name="graphsage_queue_seconds", documentation="Time a request waited for its batch",
+                          buckets=LATENCY_BUCKETS),
+        compute=m.Histogram(name="graphsage_compute_seconds", documentation="Forward-pass time per batch",
+                            buckets=LATENCY_BUCKETS),
+        requests=m.Counter(name="graphsage_requests_total", documentation="Requests per model version and backend",
+                           labelnames=["model", "backend"]),
+        batches=m.Counter(name="graphsage_batches_total", documentation="Forward passes"),
+    )
