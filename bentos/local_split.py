@@ -44,6 +44,8 @@ from pathlib import Path
 import psutil
 import yaml
 
+from common.service_auth import TOKENS_ENV, ensure_shared_token
+
 ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "split.json"
 CONFIG_OVERRIDES = "BENTOML_CONFIG_OVERRIDES"
@@ -155,6 +157,9 @@ class SplitDeployment:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.bento_path, self.state_dir, self.host = Path(bento_path).resolve(), Path(state_dir).resolve(), host
         self.extra_env = dict(env or {})
+        if not any(k in {**self.base_env, **self.extra_env} for k in (TOKENS_ENV, TOKENS_ENV + "_FILE")):
+            ensure_shared_token()  # none configured: the three processes share a fresh one
+            self.extra_env[TOKENS_ENV] = os.environ[TOKENS_ENV]
         self.model = Proc("GraphSAGERunner", model_port, model_workers, host=host)
         self.feature = Proc("FeatureRunner", feature_port, feature_workers, host=host,
                             depends={"GraphSAGERunner": self.model.url})

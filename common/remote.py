@@ -1,53 +1,53 @@
-"""Calling a dependency service: what its answers mean to the caller (the gateway calls the
-FeatureRunner, the FeatureRunner calls the GraphSAGERunner).
+"""Calling another service of this app: the gateway calls the FeatureRunner, the gateway and the
+FeatureRunner call the GraphSAGERunner.
 
-- a 4xx answer: the dependency is healthy, the input was wrong -> ``RunnerRejected`` (not a
-  breaker failure);
-- a connection lost mid-call (a worker killed, a pooled connection closed): retried, calls are
-  idempotent; a refused connection is not (the dependency is down);
+``RunnerClient`` is this project's own client for those hops, in place of the proxy that
+``bentoml.depends`` hands out: that proxy sends (and reads back) ``application/vnd.bentoml+pickle``
+for every call whose arguments are not a single raw body, and a pickle is code. Here a call is
+``POST /<route>`` with either the binary wire format (``common.wire``, the hot paths) or JSON (the
+admin calls: ``load``, ``unload``, ``models``, ``info``), the service token in ``Authorization``,
+and the answer is read as bytes or JSON, never unpickled. One aiohttp session per client keeps
+its connections for the life of the worker (the dependency proxy recycled its session every 100
+requests and closed it under calls in flight).
+
+What an answer means to the caller:
+
+- a 4xx: the runner is healthy, the input was wrong -> ``RunnerRejected`` (not a breaker failure);
 - ``UPSTREAM_FAILED`` (502): a FeatureRunner saying that *its* dependency, the model runner,
-  failed, which the gateway accounts to the model runner, not to the FeatureRunner.
+  failed -> ``UpstreamFailed``, which the gateway accounts to the model runner;
+- any other 5xx -> ``RunnerFailed``;
+- a connection lost mid-call (a worker killed, a pooled connection closed): retried, calls are
+  idempotent; a refused connection is not (the runner is down).
+
+``LocalRunner`` gives the same interface over a service instance in this process (BentoML's
+development mode runs dependencies in-process); ``common.bento.dependencies.connect`` picks one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Awaitable, Callable
-from http import HTTPStatus
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
-from bentoml.exceptions import BentoMLException
+import orjson
+
+from common.errors import ApiError, message_from_body
 
 log = logging.getLogger("graphsage.remote")
 T = TypeVar("T")
 
 # BentoML itself never answers 502: a runner that does is relaying its own dependency's failure.
 UPSTREAM_FAILED = 502
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
 
 # A killed worker leaves several pooled keep-alive connections to it; a retry can draw another one
-# before the event loop has seen its close (a 503 in 1 of 4 runs of tests/test_faults.py with one
-# retry). The last retry waits a moment, by which time the dead connections are discarded.
-CONNECTION_RETRY_PAUSES_S = (0.0, 0.02)
-
-_ERROR_CLASSES: dict[int, type[BentoMLException]] = {}
-
-
-def http_error(status: int, message: str) -> BentoMLException:
-    """A BentoML exception that BentoML answers with ``status`` and ``{"error": message}``."""
-    if status not in _ERROR_CLASSES:
-        _ERROR_CLASSES[status] = type(f"Http{status}", (BentoMLException,), {"error_code": HTTPStatus(status)})
-    return _ERROR_CLASSES[status](message)
-
-
-def remote_status(exc: BaseException) -> int | None:
-    """The HTTP status a dependency answered with, if the exception carries one."""
-    code = getattr(exc, "error_code", None)
-    try:
-        return int(code) if code is not None else None
-    except (TypeError, ValueError):
-        return None
+# before the event loop has seen its close. The last retry waits a moment, by which time the dead
+# connections are discarded (tests/test_faults.py kills a model worker under load).
+CONNECTION_RETRY_PAUSES_S = (0.0, 0.02, 0.1)
+# A backstop only: callers bound each call by their own deadline (breaker, WaitBudget).
+DEFAULT_TIMEOUT_S = 60.0
 
 
 class RunnerRejected(Exception):
@@ -62,35 +62,123 @@ class UpstreamFailed(Exception):
     """The FeatureRunner answered ``UPSTREAM_FAILED``: the model runner behind it is unavailable."""
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    import aiohttp
+class RunnerFailed(Exception):
+    """A runner answered 5xx (other than ``UPSTREAM_FAILED``)."""
 
-    return isinstance(exc, (ConnectionError, aiohttp.ClientConnectionError)) and not isinstance(
-        exc, aiohttp.ClientConnectorError)  # refused: the runner is down, no point retrying
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
 
 
-def rejecting_client_errors(fn: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
-    """Wrap a runner call: its 4xx answers raise ``RunnerRejected``, its 502 ``UpstreamFailed``,
-    and a connection lost mid-call is retried."""
+def raise_for_answer(status: int, message: str) -> None:
+    if 400 <= status < 500:
+        raise RunnerRejected(status, message)
+    if status == UPSTREAM_FAILED:
+        raise UpstreamFailed(message)
+    raise RunnerFailed(status, message)
 
-    async def call(*args: Any, **kwargs: Any) -> bytes:
-        for attempt in range(len(CONNECTION_RETRY_PAUSES_S) + 1):
+
+class Runner(Protocol):
+    """What a caller needs of a runner, wherever it runs."""
+
+    name: str
+
+    async def call_bytes(self, route: str, body: bytes) -> bytes: ...
+
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+class RunnerClient:
+    """A runner over HTTP (``http://``, ``tcp://host:port`` or a ``file://`` unix socket)."""
+
+    def __init__(self, name: str, url: str, tokens: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retry_pauses_s: tuple[float, ...] = CONNECTION_RETRY_PAUSES_S) -> None:
+        self.name = name
+        self.url = url
+        self._tokens = tokens
+        self._timeout_s = timeout_s
+        self._retry_pauses_s = retry_pauses_s
+        self._session: Any = None
+
+    def __repr__(self) -> str:
+        return f"RunnerClient({self.name!r}, {self.url!r})"
+
+    def _open(self) -> Any:
+        import aiohttp
+
+        scheme, _, rest = self.url.partition("://")
+        connector: aiohttp.BaseConnector
+        if scheme == "file":
+            connector, base = aiohttp.UnixConnector(path=rest), "http://localhost"
+        else:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            base = f"http://{rest}" if scheme == "tcp" else self.url
+        return aiohttp.ClientSession(base.rstrip("/"), connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                                     skip_auto_headers=("User-Agent",), auto_decompress=False)
+
+    async def call_bytes(self, route: str, body: bytes) -> bytes:
+        """``POST /route`` with a binary body; the answer's bytes."""
+        return await self._post(route, body, OCTET_STREAM)
+
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any:
+        """``POST /route`` with a JSON object; the answer as JSON."""
+        return orjson.loads(await self._post(route, orjson.dumps(payload or {}), JSON))
+
+    async def _post(self, route: str, body: bytes, media_type: str) -> bytes:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = self._open()
+        headers = {"Content-Type": media_type, **self._tokens.header()}
+        for attempt in range(len(self._retry_pauses_s) + 1):
             try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:
-                status = remote_status(exc)
-                if status is not None and 400 <= status < 500:
-                    raise RunnerRejected(status, error_message(exc)) from exc
-                if status == UPSTREAM_FAILED:
-                    raise UpstreamFailed(error_message(exc)) from exc
-                if attempt < len(CONNECTION_RETRY_PAUSES_S) and _connection_lost(exc):
-                    log.info("runner connection lost (%s); retrying", type(exc).__name__)
-                    await asyncio.sleep(CONNECTION_RETRY_PAUSES_S[attempt])
-                    continue
-                raise
+                async with self._session.post("/" + route, data=body, headers=headers) as resp:
+                    answer = await resp.read()
+                    if resp.status < 400:
+                        return answer
+                    raise_for_answer(resp.status, message_from_body(answer))
+            except aiohttp.ClientConnectorError:
+                raise  # refused: the runner is down, no point retrying
+            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+                if attempt == len(self._retry_pauses_s):
+                    raise
+                log.info("%s: connection lost (%s); retrying", self.name, type(exc).__name__)
+                await asyncio.sleep(self._retry_pauses_s[attempt])
         raise AssertionError("unreachable")
 
-    return call
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class LocalRunner:
+    """A runner instance in this process, behind the same interface: binary routes call its
+    ``<route>_body(bytes)`` method, JSON routes its API method with the payload's keywords."""
+
+    def __init__(self, name: str, instance: Any) -> None:
+        self.name = name
+        self.instance = instance
+
+    async def _call(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except ApiError as exc:
+            raise_for_answer(exc.status, exc.message)
+            raise  # unreachable: raise_for_answer always raises
+
+    async def call_bytes(self, route: str, body: bytes) -> bytes:
+        return await self._call(getattr(self.instance, f"{route}_body")(body))
+
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any:
+        answer = await self._call(getattr(self.instance, route)(**(payload or {})))
+        return orjson.loads(orjson.dumps(answer))  # what a remote caller would read
+
+    async def close(self) -> None:
+        return None
 
 
 class WaitBudget:
@@ -117,17 +205,3 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timeout"
     return type(exc).__name__
-
-
-def error_message(exc: BaseException) -> str:
-    """The runner's own error text: BentoML wraps it as JSON (``[{"error": ...}]``)."""
-    text = str(exc) or type(exc).__name__
-    try:
-        body = json.loads(text)
-        while isinstance(body, list) and body:
-            body = body[0]
-        if isinstance(body, dict) and isinstance(body.get("error"), str):
-            text = body["error"]
-    except ValueError:
-        pass
-    return text[:500]

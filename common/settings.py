@@ -19,10 +19,6 @@ def runner_service_options(workers: int) -> dict:
     return {
         "workers": workers,
         "traffic": {"timeout": 30, "max_concurrency": 1024},
-        # Read by the *caller's* client: the bentoml.depends client recycles its aiohttp session
-        # every 100 requests and closes it under in-flight requests (~20% HTTP 500 at concurrency
-        # 32); these limits keep one session alive.
-        "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9},
         # The gateway's access log, metrics and traces cover a request; a log line per hop costs CPU.
         "logging": {"access": {"enabled": False}},
         "tracing": tracing_config(),
@@ -126,6 +122,16 @@ class Settings:
     breaker_failures: int = 5
     breaker_reset_s: float = 2.0
     grpc_port: int = 50051
+    # TLS for the gateway's HTTP and gRPC front ends (PEM files; both or neither).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    # Internal hops: the service tokens a runner accepts (the first is the one sent; two at once
+    # for a rotation), as a list or as a file re-read on change (common/service_auth.py).
+    service_tokens: tuple[str, ...] = ()
+    service_tokens_file: str = ""
+    # CA bundle to verify a rediss:// server (L2 and the rate limiter); empty: the system's.
+    redis_ca_file: str = ""
 
     @property
     def runner_call_max_nodes(self) -> int:

@@ -20,6 +20,8 @@ import httpx
 import psutil
 
 from bentos.local_split import stop_process_tree
+from common.service_auth import ServiceTokens, ensure_shared_token
+from common.settings import load_settings
 from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +115,7 @@ class SplitApp:
 
     def __init__(self, home: str, env: dict[str, str] | None = None, model_workers: int = 1,
                  log_dir: str | None = None) -> None:
+        ensure_shared_token()  # one service token for the three processes, as a Secret gives them
         self.env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
         feature_env = dict(self.env)
         self.env["GSAGE_MODEL_WORKERS"] = str(model_workers)
@@ -121,6 +124,11 @@ class SplitApp:
                                log_dir=log_dir)
         self.gateway = self.gateway_for(self.env)
         self.grpc_port = int(self.env.get("GSAGE_GRPC_PORT", "0"))
+
+    @property
+    def service_headers(self) -> dict[str, str]:
+        """What a call to a runner needs: the service token the three processes share."""
+        return ServiceTokens.from_settings(load_settings(self.env)).header()
 
     def gateway_for(self, env: dict[str, str]) -> Service:
         deps = {"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url}

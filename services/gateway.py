@@ -20,24 +20,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from common.bento import timeout_fix as bentoml_timeout_fix
-
 from common import predict_request
-from common.bento.direct_api import JSON, DirectApi, ServiceInstance
+from common.bento import timeout_fix
+from common.bento.dependencies import connect
+from common.bento.direct_api import JSON, DirectApi, ServiceInstance, answers_errors
+from common.breaker import CircuitBreaker
+from common.errors import ApiError
+from common.metrics import labelled
+from common.service_auth import ServiceTokens, ensure_shared_token
 from common.settings import settings, tracing_config
 from runners.feature.service import FeatureRunner
 from runners.graphsage.service import GraphSAGERunner
-from common.metrics import labelled
-from common.remote import http_error
 from services.answer import Answer
-from common.breaker import CircuitBreaker
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
-from services.prediction import ApiError, PredictionCore
+from services.prediction import PredictionCore
 from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
 
-bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+ensure_shared_token()  # before BentoML starts the runners, which must share it
 
 log = logging.getLogger("graphsage.gateway")
 
@@ -64,11 +66,13 @@ class Gateway:
         cfg = settings()
         self.settings = cfg
         self.routing = RoutingTable.from_settings(cfg)
+        tokens = ServiceTokens.from_settings(cfg)
+        self.feature = connect(type(self).feature_runner, tokens, timeout_s=cfg.runner_timeout_s)
+        self.model = connect(type(self).model_runner, tokens, timeout_s=cfg.runner_timeout_s)
         self.core = PredictionCore(
             self.routing,
-            # Resolved per call: the dependency clients connect only once the worker has started.
-            lambda **kw: self.feature_runner.to_async.predict(
-                predict_request.encode(dtype=cfg.feature_transport_dtype, **kw)),
+            lambda **kw: self.feature.call_bytes(
+                "predict", predict_request.encode(dtype=cfg.feature_transport_dtype, **kw)),
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,
@@ -133,46 +137,41 @@ class Gateway:
         labelled(m.breaker, "model-runner").set(self.core.model_breaker.state_value)
 
     @bentoml.api(route="/predict", input_spec=PredictRequest, output_spec=None)
+    @answers_errors
     async def predict(self, **params: Any) -> PredictResponse:
         """Per-node predictions for ``node_ids``: label, score, probabilities, the exact
         ``graphsage:<version>`` that answered, and ``degraded`` when features were unavailable."""
         # Rendered here, not by BentoML: the declared PredictResponse documents the shape.
-        return Response(await self._answer(PredictRequest(**params)), media_type=JSON)
+        return Response((await self.run_predict(PredictRequest(**params))).to_json(), media_type=JSON)
 
     async def predict_json(self, body: bytes) -> bytes:
         """``predict`` on the raw JSON body: what ``common.bento.direct_api`` answers /predict with."""
-        return await self._answer(PredictRequest.model_validate_json(body or b"{}"))
-
-    async def _answer(self, req: PredictRequest) -> bytes:
-        try:
-            return (await self.run_predict(req)).to_json()
-        except ApiError as exc:
-            raise http_error(exc.status, exc.message) from exc
+        return (await self.run_predict(PredictRequest.model_validate_json(body or b"{}"))).to_json()
 
     async def describe_models(self) -> dict[str, Any]:
         self.reload_routing()
         out: dict[str, Any] = {"routing": self.routing.to_json()}
-        for name, call in (("model_runner", self.model_runner.to_async.models),
-                           ("feature_runner", self.feature_runner.to_async.info)):
+        for name, runner, route in (("model_runner", self.model, "models"), ("feature_runner", self.feature, "info")):
             try:
-                out[name] = await call()
+                out[name] = await runner.call_json(route)
             except Exception as exc:  # noqa: BLE001 - a down runner is reported, not raised
                 out[name] = {"error": f"unavailable: {type(exc).__name__}"}
         return out
 
     @bentoml.api(route="/admin/routing", input_spec=RoutingChange, output_spec=None)
+    @answers_errors
     async def admin_routing(self, **params: Any) -> dict:
         """Set weights, promote or roll back (scope ``admin``). Every gateway worker sees the
         change within ~1 s; the model runner pre-loads the versions now in use."""
         try:
             self.apply_routing_change(RoutingChange(**params))
         except RoutingError as exc:
-            raise http_error(exc.status_code, str(exc)) from exc
+            raise ApiError(exc.status_code, str(exc)) from exc
         except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
-            raise http_error(409, f"routing file not writable here ({exc.strerror}); change it where it is managed") from exc
+            raise ApiError(409, f"routing file not writable here ({exc.strerror}); change it where it is managed") from exc
         for tag in sorted(self.routing.versions_in_use()):
             try:
-                await self.model_runner.to_async.load(tag=tag)
+                await self.model.call_json("load", {"tag": tag})
             except Exception as exc:  # noqa: BLE001 - the first request loads it otherwise
                 log.warning("pre-loading %s failed: %s", tag, exc)
         return self.routing.to_json()
@@ -181,11 +180,11 @@ class Gateway:
         model = change.model or self.routing.default_model
         if change.action == "set_weights":
             if not change.weights:
-                raise http_error(400, "set_weights needs weights: {version: weight}")
+                raise ApiError(400, "set_weights needs weights: {version: weight}")
             self.routing.set_weights(model, change.weights)
         elif change.action == "promote":
             if not change.version:
-                raise http_error(400, "promote needs a version")
+                raise ApiError(400, "promote needs a version")
             self.routing.promote(model, change.version)
         else:
             self.routing.rollback(model)

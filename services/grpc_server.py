@@ -53,7 +53,7 @@ from services.answer import Answer
 from services.auth import AuthError, Forbidden
 from services.grpc_codegen import ensure_stubs
 from services.http_guard import MAX_BODY_BYTES, build_access
-from services.prediction import ApiError
+from common.errors import ApiError
 from services.protocol import PredictRequest, PredictResponse
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).

@@ -12,11 +12,11 @@ Errors are JSON ``{"error": ..., "status": ...}``.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from common.errors import ApiError, message_from_body, retry_after_seconds, send_error
+from common.service_auth import BODY_METHODS, media_type
 from services.auth import ApiKeyAuth, AuthError, Forbidden
 from services.ratelimit import LocalRateLimiter
 
@@ -26,7 +26,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PUBLIC_PATHS = ("/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/docs", "/schema.json")
-BODY_METHODS = ("POST", "PUT", "PATCH")
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -35,11 +34,7 @@ class BodyTooLarge(Exception):
 
 
 async def send_json(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps({"error": message, "status": status}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, ApiError(status, message, headers))
 
 
 def build_access(cfg: Any, auth: ApiKeyAuth | None = None, limiter: Any | None = None) -> tuple[ApiKeyAuth, Any]:
@@ -49,26 +44,6 @@ def build_access(cfg: Any, auth: ApiKeyAuth | None = None, limiter: Any | None =
     # ``is None``, not ``or``: a LocalRateLimiter with no buckets yet has len() 0, i.e. is falsy.
     return (ApiKeyAuth.from_settings(cfg) if auth is None else auth,
             LocalRateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst) if limiter is None else limiter)
-
-
-def error_message(body: bytes) -> str:
-    """One clear message out of BentoML's error bodies (``{"error"}``, ``[{"error"}]``, pydantic
-    validation lists with ``loc``/``msg``) or plain text."""
-    try:
-        doc: Any = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:1000] or "error"
-    items = doc if isinstance(doc, list) else [doc]
-    parts = []
-    for item in items:
-        if isinstance(item, dict) and isinstance(item.get("error"), str):
-            parts.append(error_message(item["error"].encode()) if item["error"][:1] in "[{" else item["error"])
-        elif isinstance(item, dict) and "msg" in item:
-            loc = ".".join(str(x) for x in item.get("loc", ()) if x != "body")
-            parts.append(f"{loc}: {item['msg']}" if loc else str(item["msg"]))
-        else:
-            parts.append(json.dumps(item)[:200])
-    return "; ".join(parts)[:1000] or "error"
 
 
 class HttpGuard:
@@ -81,14 +56,16 @@ class HttpGuard:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        content_type = media_type(headers)
         if scope.get("method") in BODY_METHODS and content_type != "application/json":
-            # Only JSON is public: BentoML's internal pickle type and multipart/form bodies are
-            # refused before any parser sees them.
+            # Only JSON, on every route: BentoML's internal pickle type and multipart/form bodies
+            # are refused before any parser sees them.
             return await send_json(send, 415, f"media type {content_type or '(none)'} is not accepted; send application/json")
+        if scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
+            return await self.app(scope, receive, send)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             return await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")
@@ -101,7 +78,7 @@ class HttpGuard:
         decision = await self.limiter.acquire(principal.name)
         if not decision.allowed:
             return await send_json(send, 429, "rate limit exceeded",
-                                   {"Retry-After": str(max(1, math.ceil(decision.retry_after_s)))})
+                                   {"Retry-After": str(retry_after_seconds(decision.retry_after_s))})
         await self._forward(scope, receive, send)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,7 +111,7 @@ class HttpGuard:
                            if k.lower() not in (b"content-length", b"content-type")}
                 if error_start["status"] == 503:
                     headers.setdefault("retry-after", "1")
-                return await send_json(send, error_start["status"], error_message(error_body), headers)
+                return await send_json(send, error_start["status"], message_from_body(error_body), headers)
             await send(message)
 
         try:

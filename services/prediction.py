@@ -22,7 +22,8 @@ import numpy as np
 from common import wire
 from common.batching import AdaptiveBatcher
 from common.predict_request import random_seed
-from common.remote import RunnerRejected, UpstreamFailed, failure_reason, rejecting_client_errors
+from common.errors import ApiError
+from common.remote import RunnerRejected, UpstreamFailed, failure_reason
 from common.breaker import BreakerOpen, CircuitBreaker
 from services.answer import Answer, from_wire
 from services.protocol import PredictRequest
@@ -31,14 +32,6 @@ log = logging.getLogger("graphsage.gateway")
 
 # FeatureRunner.predict: (node_ids, fanout, seeds, model, embedding) -> the model runner's answer.
 PredictCall = Callable[..., Awaitable[bytes]]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
 
 
 class Router(Protocol):
@@ -133,7 +126,7 @@ class PredictionCore:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         self.router = router
-        self._predict = rejecting_client_errors(predict)
+        self._predict = predict
         self.feature_breaker = feature_breaker
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
@@ -203,8 +196,7 @@ class PredictionCore:
     @staticmethod
     def _model_unavailable(calls: list[_Call], retry_after_s: float, message: str) -> list[Answer | ApiError]:
         log.warning(message)
-        headers = {"Retry-After": str(max(1, int(np.ceil(retry_after_s))))}
-        return [ApiError(503, message, headers) for _ in calls]
+        return [ApiError.unavailable(message, retry_after_s) for _ in calls]
 
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> Answer:
         reason = f"feature runner unavailable: {_reason(exc)}"

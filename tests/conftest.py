@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Iterator
 
@@ -50,6 +51,23 @@ def model_store(tmp_path, monkeypatch) -> Iterator[str]:
     monkeypatch.setenv("BENTOML_HOME", home)
     with bentoml_home(home):
         yield home
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoStore:
+    home: str
+    v1: str  # mean aggregator, the demo's first version
+    v2: str  # pool aggregator, trained on the same snapshot
+
+
+@pytest.fixture(scope="session")
+def demo_store(tmp_path_factory) -> DemoStore:
+    """One small trained model store (a 4,000-node graph, two versions) for every integration
+    module: read by the services, never written by a test."""
+    from harness.app import build_demo_store
+
+    home = str(tmp_path_factory.mktemp("demo-store") / "bentoml")
+    return DemoStore(home, *build_demo_store(home))
 
 
 @pytest.fixture

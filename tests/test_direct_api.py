@@ -8,8 +8,8 @@ import logging
 import pytest
 from pydantic import BaseModel
 
-from common.bento.direct_api import JSON, OCTET_STREAM, UNEXPECTED, DirectApi, ServiceInstance, error_answer
-from common.remote import http_error
+from common.bento.direct_api import JSON, OCTET_STREAM, UNEXPECTED, DirectApi, ServiceInstance, as_api_error
+from common.errors import ApiError
 
 
 class Small(BaseModel):
@@ -81,30 +81,33 @@ def _raising(exc):
     return handler
 
 
-def test_errors_get_bentomls_statuses_and_bodies(caplog):
+def test_errors_keep_their_status_message_and_headers(caplog):
     try:
         Small.model_validate_json(b'{"x": "a"}')
     except Exception as exc:  # noqa: BLE001
         invalid = exc
     cases = [
-        (invalid, 400, {"error": "1 validation error for Small", "detail": [{"type": "int_parsing", "loc": ["x"]}]}),
-        (http_error(404, "no such version"), 404, [{"error": "no such version"}]),
-        (http_error(422, "wrong width"), 422, [{"error": "wrong width"}]),
-        (http_error(401, "secret detail"), 401, {"error": "Authorization error"}),
-        (http_error(502, "model runner down"), 502, {"error": UNEXPECTED}),
-        (RuntimeError("boom"), 500, {"error": UNEXPECTED}),
+        (invalid, 400, "invalid request: x: Input should be a valid integer, unable to parse string as an integer", {}),
+        (ApiError(404, "no such version"), 404, "no such version", {}),
+        (ApiError(422, "wrong width"), 422, "wrong width", {}),
+        (ApiError(401, "no key", {"WWW-Authenticate": "Bearer"}), 401, "no key", {b"www-authenticate": b"Bearer"}),
+        (ApiError.unavailable("model runner down: circuit open", 2.5), 503, "model runner down: circuit open",
+         {b"retry-after": b"3"}),
+        (ApiError(502, "model runner unavailable: timeout"), 502, "model runner unavailable: timeout", {}),
+        (RuntimeError("boom"), 500, UNEXPECTED, {}),
     ]
-    with caplog.at_level(logging.ERROR, logger="graphsage.direct_api"):
-        for exc, status, doc in cases:
+    with caplog.at_level(logging.INFO, logger="graphsage.direct_api"):
+        for exc, status, message, extra in cases:
             got_status, headers, body = _status_headers_body(_call(_app(_raising(exc))))
-            got = json.loads(body)
-            if isinstance(doc, dict) and "detail" in doc:  # pydantic's wording and docs URL vary by version
-                got["detail"] = [{k: item[k] for k in ("type", "loc")} for item in got["detail"]]
-            assert (got_status, got) == (status, doc), exc
+            assert (got_status, json.loads(body)) == (status, {"error": message, "status": status}), exc
             assert headers[b"content-type"] == JSON.encode()
-            assert error_answer(exc)[0] == status
-    logged = [r.getMessage() for r in caplog.records]
-    assert logged == ["Exception on /hot [POST]"] * 2  # the 5xx only: 502 and the unexpected one
+            assert {k: headers[k] for k in extra} == extra
+            assert as_api_error(exc, "here").status == status
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["Exception on /hot [POST]", "Exception on here"]  # the bug only
+    assert all(r.exc_info for r in errors)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 4 and all(not r.exc_info for r in caplog.records if r.levelno == logging.WARNING)
 
 
 def test_the_service_instance_is_looked_up_per_call():
@@ -119,7 +122,7 @@ def test_the_service_instance_is_looked_up_per_call():
 
     app = _app(ref.handler("work"))
     status, _, body = _status_headers_body(_call(app))  # before the worker created it
-    assert (status, json.loads(body)) == (503, {"error": UNEXPECTED})
+    assert (status, json.loads(body)) == (503, {"error": "service starting", "status": 503})
     ref.set(Service(b"one:"))
     assert _status_headers_body(_call(app))[::2] == (200, b"one:body")
     ref.set(Service(b"two:"))
@@ -130,10 +133,12 @@ def test_each_service_serves_its_hot_api_directly_behind_its_guards():
     from runners.feature.service import FeatureRunner
     from runners.graphsage.service import GraphSAGERunner
     from services.gateway import Gateway
+    from common.service_auth import ServiceGuard
     from services.http_guard import HttpGuard
 
     for service, api, expected in ((Gateway, "predict", [HttpGuard, DirectApi]),
-                                   (FeatureRunner, "predict", [DirectApi]), (GraphSAGERunner, "infer", [DirectApi])):
+                                   (FeatureRunner, "predict", [ServiceGuard, DirectApi]),
+                                   (GraphSAGERunner, "infer", [ServiceGuard, DirectApi])):
         assert [cls for cls, _ in service.middlewares] == expected, service.name
         routes = dict(service.middlewares)[DirectApi]["routes"]
         assert list(routes) == [service.apis[api].route], service.name

@@ -130,13 +130,14 @@ def test_hot_load_of_a_new_version_under_load(app, store):
 
     async def fault() -> None:
         await asyncio.sleep(1.0)
-        r = await asyncio.to_thread(httpx.post, app.model.url + "/load", json={"tag": v2}, timeout=30)
+        r = await asyncio.to_thread(httpx.post, app.model.url + "/load", json={"tag": v2}, timeout=30,
+                                  headers=app.service_headers)
         assert r.status_code == 200, r.text
 
     out = asyncio.run(_with_fault(app, 4.0, 8, fault))
     row = record("model_version_hot_load", "8 concurrent single-node requests, 4 s", out)
     assert row["failed"] == 0, row
-    loaded = httpx.post(app.model.url + "/models", json={}).json()["loaded"]
+    loaded = httpx.post(app.model.url + "/models", json={}, headers=app.service_headers).json()["loaded"]
     assert {m["tag"] for m in loaded} >= {v1}
 
 

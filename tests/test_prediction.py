@@ -3,24 +3,16 @@ answers and 503s, against a fake FeatureRunner.predict (which, like the real one
 runner's failure as 502)."""
 
 import asyncio
-from http import HTTPStatus
 
 import numpy as np
 import pytest
 
 from common import wire
-from common.remote import UPSTREAM_FAILED
 from common.breaker import BreakerState, CircuitBreaker
-from services.prediction import ApiError, PredictionCore
+from common.errors import ApiError
+from common.remote import RunnerRejected, UpstreamFailed
+from services.prediction import PredictionCore
 from services.protocol import PredictRequest
-
-
-class Rejected(Exception):
-    error_code = HTTPStatus.BAD_REQUEST
-
-
-class UpstreamDown(Exception):
-    error_code = HTTPStatus(UPSTREAM_FAILED)
 
 
 class FakeRunners:
@@ -37,10 +29,10 @@ class FakeRunners:
         if self.features_down:
             raise ConnectionRefusedError("down")
         if 999 in node_ids:
-            raise Rejected("unknown node ids [999]")
+            raise RunnerRejected(400, "unknown node ids [999]")
         self.feature_calls.append(len(node_ids))
         if self.model_down:
-            raise UpstreamDown('[{"error": "model runner unavailable: ClientConnectorError"}]')
+            raise UpstreamFailed("model runner unavailable: ClientConnectorError")
         ids, seeds = np.array(node_ids, np.int64), np.array(seeds, np.int64)
         logits = np.stack([np.sin(ids * 1.0 + seeds % 97 + k) for k in range(3)], 1).astype(np.float32)
         probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
@@ -127,40 +119,3 @@ def test_a_model_runner_failure_opens_the_model_breaker_not_the_feature_one():
     assert all(e.status == 503 for e in first) and fast.status == 503
     assert c.model_breaker.state is BreakerState.OPEN and c.feature_breaker.state is BreakerState.CLOSED
     assert len(runners.feature_calls) == calls_before and int(fast.headers["Retry-After"]) >= 59
-
-
-def test_lost_connections_are_retried_twice_refused_ones_never():
-    import aiohttp
-
-    from common.remote import RunnerRejected, UpstreamFailed, rejecting_client_errors
-
-    def flaky(failures: list[BaseException]):
-        calls = []
-
-        async def fn(**kw):
-            calls.append(kw)
-            if len(calls) <= len(failures):
-                raise failures[len(calls) - 1]
-            return b"ok"
-        return fn, calls
-
-    lost = aiohttp.ServerDisconnectedError()
-    fn, calls = flaky([lost, ConnectionResetError()])
-    assert asyncio.run(rejecting_client_errors(fn)(x=1)) == b"ok" and len(calls) == 3
-    fn, calls = flaky([lost, lost, lost])
-    with pytest.raises(aiohttp.ServerDisconnectedError):
-        asyncio.run(rejecting_client_errors(fn)())
-    assert len(calls) == 3
-    refused = aiohttp.ClientConnectorError(None, OSError(111, "refused"))  # the runner is down: no retry
-    fn, calls = flaky([refused])
-    with pytest.raises(aiohttp.ClientConnectorError):
-        asyncio.run(rejecting_client_errors(fn)())
-    assert len(calls) == 1
-    fn, calls = flaky([Rejected("bad ids")])
-    with pytest.raises(RunnerRejected):
-        asyncio.run(rejecting_client_errors(fn)())
-    assert len(calls) == 1
-    fn, calls = flaky([UpstreamDown("model runner unavailable: timeout")])
-    with pytest.raises(UpstreamFailed):
-        asyncio.run(rejecting_client_errors(fn)())
-    assert len(calls) == 1

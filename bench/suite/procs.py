@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from common.service_auth import ensure_shared_token
 from harness.app import free_port, private_home
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +92,7 @@ class Proc:
 
     def launch(self) -> None:
         self.own_home = private_home(self.home, f"bench-{self.label}-{self.port}")
+        ensure_shared_token()  # the services of one run share a service token
         env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env, "BENTOML_HOME": self.own_home}
         cmd = [*START, self.target, "--service-name", self.name, "--port", str(self.port), "--host", "127.0.0.1",
                "--api-workers", str(self.workers)]

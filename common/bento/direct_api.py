@@ -11,8 +11,10 @@ with the raw body. Added with ``Service.add_asgi_middleware`` after the service'
 (auth, rate limits), it sits inside everything BentoML wraps a request in (its metrics,
 tracing, concurrency limit and timeout) and in front of what it replaces. The API stays
 declared with ``@bentoml.api``, calling the same handler: it documents the route in the OpenAPI
-document and answers it when the middleware is left out (``GSAGE_DIRECT_API=0``). Errors get the
-statuses and bodies BentoML's dispatch gives them, so BentoML's clients read them alike.
+document and answers it when the middleware is left out (``GSAGE_DIRECT_API=0``). Errors are
+``common.errors.ApiError`` answers, status, message and headers as raised, as the dispatched API
+answers them (``common.errors.api_errors``); a validation error names its fields; anything else is
+a 500 whose details stay in the log.
 
 BentoML builds the app, middleware included, before it creates the service instance in the
 worker; a ``ServiceInstance`` set in the service's ``__init__`` is how a handler reaches it.
@@ -20,15 +22,14 @@ worker; a ``ServiceInstance`` set in the service's ``__init__`` is how a handler
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-import orjson
-from bentoml.exceptions import BentoMLException
 from pydantic import ValidationError
 
-from common.remote import http_error
+from common.errors import ApiError, error_response, send_error
 
 log = logging.getLogger("graphsage.direct_api")
 
@@ -36,7 +37,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-# The raw request body -> the response body; raises as a BentoML API would.
+# The raw request body -> the response body; raises ApiError (or ValidationError) for a refusal.
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 UNEXPECTED = "An unexpected error has occurred, please check the server log."
@@ -55,7 +56,7 @@ class ServiceInstance:
 
     def get(self) -> Any:
         if self._value is None:
-            raise http_error(503, "service starting")
+            raise ApiError.unavailable("service starting", 1.0)
         return self._value
 
     def handler(self, method: str) -> Handler:
@@ -67,19 +68,32 @@ class ServiceInstance:
         return call
 
 
-def error_answer(exc: BaseException) -> tuple[int, Any]:
-    """``(status, JSON document)`` for an exception, as BentoML 1.4's ``api_endpoint_wrapper``."""
+def as_api_error(exc: BaseException, where: str) -> ApiError:
+    """What a failed handler answers: its ``ApiError`` as raised, a validation error as a 400
+    that names the fields, anything else a 500 (logged here with its traceback)."""
+    if isinstance(exc, ApiError):
+        if exc.status >= 500:
+            log.warning("%s answered %d: %s", where, exc.status, exc.message)
+        return exc
     if isinstance(exc, ValidationError):
-        return 400, {"error": f"{exc.error_count()} validation error for {exc.title}",
-                     "detail": exc.errors(include_context=False, include_input=False)}
-    if isinstance(exc, BentoMLException):
-        status = int(exc.error_code)
-        if status in (401, 403):
-            return status, {"error": "Authorization error"}
-        if status >= 500:
-            return status, {"error": UNEXPECTED}
-        return status, [{"error": str(exc)}]
-    return 500, {"error": UNEXPECTED}
+        return ApiError.invalid(exc)
+    log.error("Exception on %s", where, exc_info=exc)
+    return ApiError(500, UNEXPECTED)
+
+
+def answers_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """For an ``async`` method under ``@bentoml.api``: a failure is answered as ``DirectApi``
+    answers it (BentoML's own wrapper would replace a 5xx's message, drop the headers, say
+    "Authorization error" for a 401 and log every 4xx with a traceback)."""
+
+    @functools.wraps(fn)
+    async def api(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            return error_response(as_api_error(exc, fn.__name__))
+
+    return api
 
 
 class DirectApi:
@@ -100,14 +114,11 @@ class DirectApi:
         if body is None:
             return  # the client went away
         try:
-            status, answer = 200, await handler(body)
+            answer = await handler(body)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
-            status, doc = error_answer(exc)
-            if status >= 500:
-                log.error("Exception on %s [POST]", scope["path"], exc_info=exc)
-            answer, media_type = orjson.dumps(doc), JSON
+            return await send_error(send, as_api_error(exc, f"{scope['path']} [POST]"))
         headers = [(b"content-type", media_type.encode()), (b"content-length", b"%d" % len(answer)), *self._server]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
 

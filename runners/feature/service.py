@@ -19,26 +19,26 @@ import logging
 import bentoml
 import numpy as np
 
-from common.bento import timeout_fix as bentoml_timeout_fix
-
-from common import predict_request
-
-from common import wire
+from common import predict_request, wire
+from common.bento import timeout_fix
+from common.bento.dependencies import connect
+from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher
-from runners.feature.cache.tiered import build_feature_store
-from common.settings import runner_service_options, settings
-from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
+from common.errors import ApiError
 from common.feature_tensor import PREMEAN, FeatureTensor, encode
-from runners.graphsage.service import GraphSAGERunner
 from common.metrics import labelled
+from common.remote import UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason
+from common.service_auth import ServiceGuard, ServiceTokens, ensure_shared_token
+from common.settings import runner_service_options, settings
+from common.wire import BinaryBody, take_raw_body
+from runners.feature.cache.tiered import build_feature_store
 from runners.feature.metrics import feature_metrics
 from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
-from common.remote import (UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason, http_error,
-                            rejecting_client_errors)
 from runners.feature.snapshot import load_snapshot
-from common.wire import BinaryBody, take_raw_body
+from runners.graphsage.service import GraphSAGERunner
 
-bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+ensure_shared_token()  # before BentoML starts any process that must share it
 
 log = logging.getLogger("graphsage.feature")
 _instance = ServiceInstance()
@@ -50,8 +50,7 @@ class FeatureRunner:
 
     def __init__(self) -> None:
         cfg = settings()
-        self._infer = rejecting_client_errors(lambda body: self.model_runner.to_async.infer(body))
-        self._describe = rejecting_client_errors(lambda tag: self.model_runner.to_async.load(tag=tag))
+        self.model = connect(type(self).model_runner, ServiceTokens.from_settings(cfg), timeout_s=cfg.runner_timeout_s)
         self._infer_timeout_s = cfg.model_call_timeout_s
         self._premean_enabled = cfg.premean
         self._premean_min_targets = cfg.premean_min_targets
@@ -108,12 +107,13 @@ class FeatureRunner:
         try:
             request = self.builder.validate(node_ids, fanout, seed, dtype, seeds, premean)
         except TooManyNodes as exc:
-            raise bentoml.exceptions.UnprocessableEntity(str(exc)) from exc
+            raise ApiError(422, str(exc)) from exc
         except InvalidRequest as exc:
-            raise bentoml.exceptions.InvalidArgument(str(exc)) from exc
+            raise ApiError(400, str(exc)) from exc
         return await self.batcher.submit(request)
 
     @bentoml.api
+    @answers_errors
     async def features(self, node_ids: list[int], fanout: list[int] | None = None, seed: int | None = None,
                        dtype: str = "float32", seeds: list[int] | None = None, premean: bool = False) -> BinaryBody:
         """Sample and fetch; returns the encoded FeatureTensor (``common.feature_tensor``).
@@ -124,6 +124,7 @@ class FeatureRunner:
         return blob
 
     @bentoml.api
+    @answers_errors
     async def predict(self, request: BinaryBody, /) -> BinaryBody:
         """``features``, then the GraphSAGERunner's ``infer`` on the tensor; returns its answer
         as it came (``common.wire``: logits, probs, embedding). The body is
@@ -140,7 +141,7 @@ class FeatureRunner:
         try:
             options, node_ids, seeds = predict_request.decode(request)
         except predict_request.BadPredictRequest as exc:
-            raise bentoml.exceptions.InvalidArgument(f"bad predict request: {exc}") from exc
+            raise ApiError(400, f"bad predict request: {exc}") from exc
         return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
                                    seeds, options["model"], options["embedding"])
 
@@ -155,16 +156,16 @@ class FeatureRunner:
             body = encode(ft, prefix=wire.envelope_head({"model": model, "embedding": embedding}))
             feature_metrics().bytes.observe(len(body))
             try:
-                return await budget.wait(self._infer(body))
+                return await budget.wait(self.model.call_bytes("infer", body))
             except RunnerRejected as exc:
                 if not (attempt and exc.status == 422):
-                    raise http_error(exc.status, str(exc)) from exc
+                    raise ApiError(exc.status, str(exc)) from exc
                 # The version behind the tag changed since it was asked (e.g. :latest after a
                 # model runner restart): ask again next time, answer this one in full rows.
                 log.info("%s refused the premean input (%s); sending full rows", model, exc)
                 self._takes_premean.pop(model, None)
             except Exception as exc:  # noqa: BLE001 - anything else: the model runner is unavailable
-                raise http_error(UPSTREAM_FAILED, f"model runner unavailable: {failure_reason(exc)}") from exc
+                raise ApiError(UPSTREAM_FAILED, f"model runner unavailable: {failure_reason(exc)}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _premean_for(self, model: str, budget: WaitBudget) -> bool:
@@ -175,9 +176,9 @@ class FeatureRunner:
         if known is not None:
             return known
         try:
-            info = await budget.wait(self._describe(model))
+            info = await budget.wait(self.model.call_json("load", {"tag": model}))
         except RunnerRejected as exc:
-            raise http_error(exc.status, str(exc)) from exc
+            raise ApiError(exc.status, str(exc)) from exc
         except Exception:  # noqa: BLE001
             return False
         takes = PREMEAN in (info.get("input_layouts") or [])
@@ -185,6 +186,7 @@ class FeatureRunner:
         return takes
 
     @bentoml.api
+    @answers_errors
     async def info(self) -> dict:
         """The snapshot served, the fanout limits and cache counters per level."""
         return {"graph_snapshot": self.snapshot.tag, "num_nodes": self.snapshot.num_nodes,
@@ -194,6 +196,7 @@ class FeatureRunner:
 
 
 take_raw_body(FeatureRunner, "predict")
+FeatureRunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
 if settings().direct_api:
     FeatureRunner.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_body"), OCTET_STREAM)},
                                       server_name="FeatureRunner")

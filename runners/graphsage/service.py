@@ -21,19 +21,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
 
-from common.bento import timeout_fix as bentoml_timeout_fix
-
 from common import wire
+from common.bento import timeout_fix
+from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher, BatchStats
-from common.settings import runner_service_options, settings
-from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance
+from common.errors import ApiError
 from common.feature_tensor import FeatureTensorError, decode
-from runners.graphsage.inference import IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion, check_compatible, run_batch
 from common.metrics import labelled
-from runners.graphsage.metrics import model_metrics
+from common.service_auth import ServiceGuard, ensure_shared_token
+from common.settings import runner_service_options, settings
 from common.wire import BinaryBody
+from runners.graphsage.inference import (IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion,
+                                         check_compatible, run_batch)
+from runners.graphsage.metrics import model_metrics
 
-bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+ensure_shared_token()  # before BentoML starts any process that must share it
 
 log = logging.getLogger("graphsage.model")
 _instance = ServiceInstance()
@@ -77,9 +80,10 @@ class GraphSAGERunner:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._loader, self.registry.load, tag)
         except UnknownVersion as exc:
-            raise bentoml.exceptions.NotFound(str(exc)) from exc
+            raise ApiError(404, str(exc)) from exc
 
     @bentoml.api
+    @answers_errors
     async def infer(self, request: BinaryBody, /) -> BinaryBody:
         """Run a model on an encoded FeatureTensor. The body is ``wire.envelope({"model": tag,
         "embedding": bool}, tensor)``; returns logits/probs (and embedding) packed with
@@ -96,32 +100,36 @@ class GraphSAGERunner:
                 raise FeatureTensorError("envelope options: model must be a string, embedding a bool")
             ft = decode(tensor)
         except (wire.WireError, FeatureTensorError) as exc:
-            raise bentoml.exceptions.InvalidArgument(f"bad FeatureTensor: {exc}") from exc
+            raise ApiError(400, f"bad FeatureTensor: {exc}") from exc
         loaded = await self._load(model)
         try:
             check_compatible(loaded, ft)
         except IncompatibleInput as exc:
-            raise bentoml.exceptions.UnprocessableEntity(str(exc)) from exc
+            raise ApiError(422, str(exc)) from exc
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding))
         labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
         return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "task")})
 
     @bentoml.api
+    @answers_errors
     async def load(self, tag: str) -> dict:
         """Hot-load a version into this worker (idempotent)."""
         return (await self._load(tag)).describe()
 
     @bentoml.api
+    @answers_errors
     async def unload(self, tag: str) -> dict:
         return {"tag": tag, "unloaded": self.registry.unload(tag)}
 
     @bentoml.api
+    @answers_errors
     async def models(self) -> dict:
         return {"loaded": self.registry.loaded(), "batches": vars(self.batcher.stats)}
 
 
 wire.take_raw_body(GraphSAGERunner, "infer")
+GraphSAGERunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
 if settings().direct_api:
     GraphSAGERunner.add_asgi_middleware(DirectApi, routes={"/infer": (_instance.handler("infer_body"), OCTET_STREAM)},
                                         server_name="GraphSAGERunner")

@@ -1,0 +1,205 @@
+"""Service tokens: how a runner knows a call comes from another service of this app.
+
+The runners are internal: only the gateway calls the FeatureRunner, and only the gateway and the
+FeatureRunner call the GraphSAGERunner. Every such call carries ``Authorization: Bearer <token>``
+and ``ServiceGuard`` (an ASGI middleware in front of each runner, outside everything BentoML
+does with a request) admits it only when the token is one of the accepted ones. Health and
+metrics routes stay open for probes and scrapers; everything else, the OpenAPI documents
+included, answers 401 without a token.
+
+The guard also refuses every request body that is neither JSON nor ``application/octet-stream``
+with 415, before any parser sees it and whatever the token: a service BentoML starts as a
+dependency (``start-http-server --service-name X``) would otherwise unpickle
+``application/vnd.bentoml+pickle`` bodies, which runs code of the sender's choosing.
+
+Tokens (``Settings.service_tokens`` or ``Settings.service_tokens_file``; at most two):
+
+- the first is the one this process sends, every one listed is accepted;
+- the file (a mounted Kubernetes Secret, one token per line) is re-read when it changes, at most
+  once per ``RELOAD_INTERVAL_S``, so a rotation needs no restart: list ``new`` after ``old``
+  everywhere, then ``new`` first, then ``new`` alone;
+- with neither set, an ephemeral token is generated once and put in this process's
+  environment, so that the processes it starts share it (``bentoml serve`` runs every service
+  as a child of one process). Services started apart (containers, ``start-http-server``) must
+  be given the same token; without one their calls are refused, never admitted.
+
+A token is never logged: ``repr`` shows only how many there are, and a refusal says why without
+echoing what was presented.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from common.errors import ApiError, send_error
+from common.files import file_signature
+
+log = logging.getLogger("graphsage.service_auth")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+TOKENS_ENV = "GSAGE_SERVICE_TOKENS"
+MAX_TOKENS = 2
+MIN_TOKEN_CHARS = 16
+MAX_TOKEN_CHARS = 512
+RELOAD_INTERVAL_S = 1.0
+# Probes and scrapers: no token, no body.
+OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What the services here send each other: JSON (admin calls) and the binary wire format.
+ACCEPTED_MEDIA_TYPES = frozenset({"application/json", "application/octet-stream"})
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="graphsage-internal"'}
+
+
+def parse_tokens(raw: str, source: str) -> tuple[str, ...]:
+    """Tokens from a comma- or newline-separated text; raises ``ValueError`` naming ``source``."""
+    tokens = tuple(t.strip() for t in raw.replace("\n", ",").split(",") if t.strip())
+    if len(tokens) > MAX_TOKENS:
+        raise ValueError(f"{source}: {len(tokens)} service tokens; at most {MAX_TOKENS} (the current and the next)")
+    for i, token in enumerate(tokens):
+        if not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS or not token.isprintable() or " " in token:
+            raise ValueError(f"{source}: service token #{i + 1} must be {MIN_TOKEN_CHARS}-{MAX_TOKEN_CHARS} "
+                             "printable characters without spaces")
+    return tokens
+
+
+def ensure_shared_token() -> None:
+    """With no token configured, put an ephemeral one in this process's environment (inherited
+    by the processes it starts). A no-op when a token or a token file is configured."""
+    if os.environ.get(TOKENS_ENV) or os.environ.get(TOKENS_ENV + "_FILE"):
+        return
+    os.environ[TOKENS_ENV] = "gst_" + secrets.token_urlsafe(24)
+    log.info("no service token configured: an ephemeral one is shared by the processes started from here; "
+             "services started apart need %s or %s_FILE", TOKENS_ENV, TOKENS_ENV)
+
+
+class ServiceTokens:
+    """The accepted tokens (the first is the one to send), from a list or a file re-read on change."""
+
+    def __init__(self, tokens: Sequence[str] = (), path: str = "", *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self._signature: tuple[int, int, int] | None = None
+        self._next_check = 0.0
+        self._tokens: tuple[str, ...] = ()
+        self._encoded: tuple[bytes, ...] = ()
+        if path:
+            self._load_file(initial=True)
+        else:
+            self._set(parse_tokens(",".join(tokens), TOKENS_ENV))
+        if not self._tokens:
+            raise ValueError(f"no service token: set {TOKENS_ENV} or {TOKENS_ENV}_FILE")
+
+    @classmethod
+    def from_settings(cls, cfg: Any) -> ServiceTokens:
+        if not cfg.service_tokens and not cfg.service_tokens_file:
+            # Read at call time: ensure_shared_token may have set it after the settings were read.
+            return cls(parse_tokens(os.environ.get(TOKENS_ENV, ""), TOKENS_ENV))
+        return cls(cfg.service_tokens, cfg.service_tokens_file)
+
+    def __repr__(self) -> str:
+        return f"ServiceTokens({len(self._tokens)} token(s){', file ' + self.path if self.path else ''})"
+
+    def _set(self, tokens: tuple[str, ...]) -> None:
+        self._tokens = tokens
+        self._encoded = tuple(t.encode() for t in tokens)
+
+    def _load_file(self, initial: bool = False) -> None:
+        signature = file_signature(self.path)
+        if signature == self._signature:
+            return
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                tokens = parse_tokens(f.read(), f"{TOKENS_ENV}_FILE={self.path}")
+            if not tokens:
+                raise ValueError(f"{TOKENS_ENV}_FILE={self.path}: no token in the file")
+        except (OSError, ValueError) as exc:
+            if initial:
+                raise ValueError(str(exc)) from None
+            log.error("service token file not reloaded, keeping %d token(s): %s", len(self._tokens), exc)
+            self._signature = signature
+            return
+        self._signature = signature
+        if not initial:
+            log.info("service token file %s reloaded: %d token(s)", self.path, len(tokens))
+        self._set(tokens)
+
+    def _refresh(self) -> None:
+        if self.path and self._clock() >= self._next_check:
+            self._next_check = self._clock() + RELOAD_INTERVAL_S
+            self._load_file()
+
+    @property
+    def current(self) -> str:
+        """The token this process sends."""
+        self._refresh()
+        return self._tokens[0]
+
+    def accepts(self, presented: str | None) -> bool:
+        """Constant time per accepted token, every one compared (no early exit)."""
+        self._refresh()
+        if not presented or len(presented) > MAX_TOKEN_CHARS:
+            return False
+        candidate = presented.encode("utf-8", "surrogatepass")
+        ok = False
+        for token in self._encoded:
+            ok |= hmac.compare_digest(candidate, token)
+        return ok
+
+    def header(self) -> dict[str, str]:
+        """The header a call to another service carries."""
+        return {"Authorization": f"Bearer {self.current}"}
+
+
+def bearer(value: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def media_type(headers: dict[str, str]) -> str:
+    return headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+class ServiceGuard:
+    """Outermost middleware of a runner: 415 for any body that is not JSON or octet-stream, then
+    401 for any call without an accepted token, except the probe and scrape routes."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | None = None) -> None:
+        self.app = app
+        self._tokens = tokens
+
+    @property
+    def tokens(self) -> ServiceTokens:
+        if self._tokens is None:  # built on the first request: the settings are read in the worker
+            from common.settings import settings
+
+            self._tokens = ServiceTokens.from_settings(settings())
+        return self._tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        if scope.get("method") in BODY_METHODS and media_type(headers) not in ACCEPTED_MEDIA_TYPES:
+            kind = media_type(headers) or "(none)"
+            return await send_error(send, ApiError(415, f"media type {kind} is not accepted here; "
+                                                        "send application/json or application/octet-stream"))
+        if scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if not self.tokens.accepts(bearer(headers.get("authorization"))):
+            reason = "no service token" if "authorization" not in headers else "service token not accepted"
+            return await send_error(send, ApiError(401, f"{reason}: this is an internal service", CHALLENGE))
+        await self.app(scope, receive, send)

@@ -1,0 +1,158 @@
+"""The internal hops, attacked directly: each runner started the way the Kubernetes manifests start
+it (``start-http-server --service-name <Runner>``, i.e. as a dependency, not as the bento's main
+service), then called as a pod inside the cluster could call it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from common.service_auth import OPEN_PATHS
+from harness.app import Service, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NEW, OLD, STRANGER = "rotated-in-" + "n" * 20, "rotated-out-" + "o" * 20, "stranger-" + "s" * 20
+PICKLE = "application/vnd.bentoml+pickle"
+
+
+class WritesAFile:
+    """A pickle whose loading runs ``touch <path>``: proof that something unpickled it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def service_named(name: str):
+    from services.gateway import Gateway
+
+    return Gateway if name == "Gateway" else Gateway.find_dependent_by_name(name)
+
+
+def runner_routes(name: str) -> list[str]:
+    """Every API route of a runner, from the service definition itself."""
+    return sorted(api.route for api in service_named(name).apis.values())
+
+
+@pytest.fixture(scope="module")
+def runners(demo_store, tmp_path_factory):
+    """The GraphSAGERunner reads its tokens from a file (a mounted Secret, rotated below); the
+    FeatureRunner and the gateway get two tokens at once in the environment, the first sent."""
+    root = tmp_path_factory.mktemp("hops")
+    token_file = root / "tokens"
+    token_file.write_text(f"{OLD}\n{NEW}\n")
+    base = {**os.environ, "BENTOML_HOME": demo_store.home, "BENTOML_DO_NOT_TRACK": "true",
+            "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0"}
+    base.pop("GSAGE_SERVICE_TOKENS", None)
+    model = Service("GraphSAGERunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS_FILE": str(token_file)},
+                    log_dir=str(root))
+    feature = Service("FeatureRunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
+                      depends={"GraphSAGERunner": model.url}, log_dir=str(root))
+    gateway = Service("Gateway", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
+                      depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url}, log_dir=str(root))
+    started = []
+    try:
+        for svc in (model, feature, gateway):
+            started.append(svc.start())
+        yield {"model": model, "feature": feature, "gateway": gateway, "token_file": token_file, "root": root}
+    finally:
+        for svc in reversed(started):
+            svc.stop()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_pickle_is_refused_on_every_route_and_nothing_runs(runners):
+    marker = runners["root"] / "pickle-ran"
+    body = pickle.dumps(WritesAFile(str(marker)))
+    checked = 0
+    for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner"), ("gateway", "Gateway")):
+        url = runners[key].url
+        for route in [*runner_routes(name), "/docs.json", "/schema.json", *sorted(OPEN_PATHS), "/no-such-route"]:
+            for headers in ({}, bearer(OLD)):
+                r = httpx.post(url + route, content=body, headers={"Content-Type": PICKLE, **headers}, timeout=10)
+                assert r.status_code == 415, (name, route, r.status_code, r.text)
+                assert "vnd.bentoml+pickle" in r.json()["error"]
+                checked += 1
+    assert not marker.exists(), "a pickle was loaded"
+    assert checked >= 2 * (len(runner_routes("GraphSAGERunner")) + len(runner_routes("FeatureRunner")))
+
+
+def test_every_runner_route_needs_the_token_and_probes_do_not(runners):
+    for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner")):
+        url = runners[key].url
+        for route in runner_routes(name):
+            for headers in ({}, bearer(STRANGER), {"X-Api-Key": NEW}):
+                r = httpx.post(url + route, json={}, headers=headers, timeout=10)
+                assert r.status_code == 401, (name, route, headers, r.text)
+                assert r.headers["www-authenticate"].startswith("Bearer")
+            assert httpx.post(url + route, json={}, headers=bearer(NEW), timeout=30).status_code != 401
+        for route in ("/docs.json", "/schema.json", "/no-such-route"):
+            assert httpx.get(url + route, timeout=10).status_code == 401, route
+        assert httpx.get(url + "/schema.json", headers=bearer(NEW), timeout=10).status_code == 200
+        for route in ("/livez", "/readyz", "/metrics"):
+            assert httpx.get(url + route, timeout=10).status_code == 200, route
+
+
+def test_the_gateway_and_the_feature_runner_send_the_token(runners):
+    r = httpx.post(runners["gateway"].url + "/predict", json={"node_ids": [1, 2, 3], "seed": 3}, timeout=30)
+    assert r.status_code == 200 and not r.json()["degraded"], r.text
+    models = httpx.get(runners["gateway"].url + "/models", timeout=30).json()
+    assert "error" not in models["model_runner"] and "error" not in models["feature_runner"], models
+
+
+def test_two_tokens_at_once_and_a_rotation_of_the_mounted_file(runners):
+    feature, model, token_file = runners["feature"].url, runners["model"].url, runners["token_file"]
+    for token in (OLD, NEW):  # the FeatureRunner's environment lists both
+        assert httpx.post(feature + "/info", json={}, headers=bearer(token), timeout=10).status_code == 200
+        assert httpx.post(model + "/models", json={}, headers=bearer(token), timeout=10).status_code == 200
+    token_file.write_text(f"{NEW}\n")  # the last step of a rotation: the old token is retired
+    deadline = time.monotonic() + 15
+    while httpx.post(model + "/models", json={}, headers=bearer(OLD), timeout=10).status_code != 401:
+        assert time.monotonic() < deadline, "the rotated token file was not re-read"
+        time.sleep(0.2)
+    assert httpx.post(model + "/models", json={}, headers=bearer(NEW), timeout=10).status_code == 200
+    token_file.write_text(f"{OLD}\n{NEW}\n")  # back, for the other tests of this module
+    deadline = time.monotonic() + 15
+    while httpx.post(model + "/models", json={}, headers=bearer(OLD), timeout=10).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_no_token_is_ever_logged(runners):
+    for key in ("model", "feature", "gateway"):
+        httpx.post(runners[key].url + "/models", json={}, headers=bearer(STRANGER), timeout=10)
+    logs = "".join(runners[key].log_tail(10**7) for key in ("model", "feature", "gateway"))
+    assert logs and not any(token in logs for token in (NEW, OLD, STRANGER))
+
+
+@pytest.mark.parametrize("key, name", [("model", "GraphSAGERunner"), ("feature", "FeatureRunner")])
+def test_fuzzing_a_runners_openapi_with_the_token_finds_no_server_error(runners, key, name, tmp_path):
+    """schemathesis on the runner's OpenAPI document (BentoML serves ``/docs.json`` only for the
+    bento's main service, so it is built from the service definition), called directly as a
+    holder of the token would: never a 5xx."""
+    pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[dev]')")
+    url = runners[key].url
+    schema = tmp_path / "openapi.json"
+    schema.write_text(json.dumps(service_named(name).openapi_spec.asdict()))
+    st = os.path.join(os.path.dirname(sys.executable), "st")
+    out = subprocess.run(
+        [st, "run", str(schema), "--url", url, "--checks", "not_a_server_error", "--max-examples", "40",
+         "--header", f"Authorization: Bearer {NEW}", "--workers", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:]
+    summary = next((line for line in out.stdout.splitlines() if " generated, " in line), "")
+    assert summary and "failed" not in summary and "failure" not in summary, out.stdout[-3000:]
+    print(key, summary)
