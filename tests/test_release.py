@@ -229,6 +229,225 @@ def test_k8s_wiring():
     assert "redis+cluster://redis-cluster:6379" == config["GSAGE_REDIS_URL"]
 
 
+# --- Hardening: security contexts, network policies, service token -------------------------
+
+SERVICE_DEPLOYMENTS = ("gateway", "feature-runner", "graphsage-runner")
+SERVICE_TOKEN_SECRET = "graphsage-service-token"
+SERVICE_TOKEN_DIR = "/var/run/secrets/graphsage/service-token"
+BENTO_PATH = "/home/bentoml/bento"  # the image's $BENTO_PATH (bento + the read-only models mount)
+
+
+def _k8s_docs() -> list[dict]:
+    return [d for p in _k8s_files() for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def _k8s_pod_templates(docs: list[dict]) -> dict[str, dict]:
+    """Pod templates of every workload (jobs/ included), by component: the
+    app.kubernetes.io/component label, else app.kubernetes.io/name."""
+    out = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            comp = labels.get("app.kubernetes.io/component") or labels["app.kubernetes.io/name"]
+            assert comp not in out, f"two workloads with pods labelled {comp}"
+            out[comp] = d["spec"]["template"]
+    return out
+
+
+def _k8s_selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels + matchExpressions) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if ((op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values)
+                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels)):
+            return False
+    return True
+
+
+def _k8s_peers(peers: list[dict] | None, labels_by_component: dict[str, dict]) -> set[str]:
+    """What a rule's from/to admits: components of this namespace, `ns/pod-labels` outside it,
+    `*` (no peers: anywhere)."""
+    if not peers:
+        return {"*"}
+    out = set()
+    for peer in peers:
+        assert "ipBlock" not in peer, peer  # addresses outside the graph: none expected
+        if "namespaceSelector" in peer:
+            ns = (peer["namespaceSelector"].get("matchLabels") or {}).get("kubernetes.io/metadata.name")
+            assert ns and ns != "graphsage", peer  # a named namespace, never "any namespace"
+            pods = ",".join(f"{k}={v}" for k, v in sorted(
+                ((peer.get("podSelector") or {}).get("matchLabels") or {}).items())) or "*"
+            out.add(f"{ns}/{pods}")
+        else:
+            matched = {c for c, labels in labels_by_component.items() if _k8s_selects(peer["podSelector"], labels)}
+            assert matched, f"peer selects no pod: {peer}"
+            out |= matched
+    return out
+
+
+def _k8s_policy_edges(docs: list[dict], labels_by_component: dict[str, dict]) -> tuple[set, set]:
+    """(ingress, egress) edges (source, destination, protocol, port) the NetworkPolicies allow."""
+    ingress, egress = set(), set()
+    for pol in (d for d in docs if d["kind"] == "NetworkPolicy"):
+        assert pol["metadata"]["namespace"] == "graphsage"
+        spec = pol["spec"]
+        selected = {c for c, labels in labels_by_component.items() if _k8s_selects(spec["podSelector"], labels)}
+        assert selected, f"{pol['metadata']['name']} selects no pod"
+        for direction, peers_key, edges in (("Ingress", "from", ingress), ("Egress", "to", egress)):
+            rules = spec.get(direction.lower()) or []
+            assert direction in spec["policyTypes"] or not rules, pol["metadata"]["name"]
+            for rule in rules:
+                assert rule.get("ports"), f"{pol['metadata']['name']}: a rule without ports admits every port"
+                ports = [(p.get("protocol", "TCP"), p["port"]) for p in rule["ports"]]
+                assert all(isinstance(port, int) for _, port in ports), ports  # numbers: checkable here
+                for peer in _k8s_peers(rule.get(peers_key), labels_by_component):
+                    for proto, port in ports:
+                        for comp in selected:
+                            src, dst = (peer, comp) if direction == "Ingress" else (comp, peer)
+                            edges.add((src, dst, proto, port))
+    return ingress, egress
+
+
+def test_k8s_network_policies_form_the_allowed_graph():
+    docs = _k8s_docs()
+    templates = _k8s_pod_templates(docs)
+    labels = {c: t["metadata"]["labels"] for c, t in templates.items()}
+    assert set(labels) == {*SERVICE_DEPLOYMENTS, "redis-cluster", "redis-cluster-create", "model-admin"}
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    # Everything denied first: every pod of the namespace, both directions, no rule.
+    deny = [p for p in policies if p["spec"]["podSelector"] == {}
+            and sorted(p["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+            and not p["spec"].get("ingress") and not p["spec"].get("egress")]
+    assert len(deny) == 1, "a default-deny NetworkPolicy (podSelector {}, Ingress + Egress, no rule)"
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    assert "network-policies.yaml" in kustomization["resources"]
+
+    ingress, egress = _k8s_policy_edges(docs, labels)
+    tcp = lambda src, dst, *ports: {(src, dst, "TCP", p) for p in ports}  # noqa: E731
+    expected_ingress = (
+        tcp("*", "gateway", 3000, 50051)  # clients: HTTP and gRPC
+        | tcp("gateway", "feature-runner", 3000)
+        | tcp("gateway", "graphsage-runner", 3000) | tcp("feature-runner", "graphsage-runner", 3000)
+        | tcp("gateway", "redis-cluster", 6379) | tcp("feature-runner", "redis-cluster", 6379)
+        | tcp("redis-cluster-create", "redis-cluster", 6379)
+        | tcp("redis-cluster", "redis-cluster", 6379, 16379)  # replication + cluster bus
+        | {("monitoring/*", c, "TCP", 3000) for c in SERVICE_DEPLOYMENTS}  # Prometheus: /metrics
+    )
+    assert ingress == expected_ingress, (sorted(ingress - expected_ingress), sorted(expected_ingress - ingress))
+    # Under a default deny a hop needs both ends: every pod-to-pod ingress rule has its egress
+    # rule on the caller's side, and no egress rule reaches a pod that does not admit it.
+    internal_in = {e for e in ingress if e[0] in labels}
+    internal_out = {e for e in egress if e[1] in labels}
+    assert internal_out == internal_in, (sorted(internal_out - internal_in), sorted(internal_in - internal_out))
+    # Out of the namespace: DNS only, for every pod.
+    dns = {(c, "kube-system/k8s-app=kube-dns", proto, 53) for c in labels for proto in ("UDP", "TCP")}
+    assert {e for e in egress if e[1] not in labels} == dns
+
+    # Who can reach whom (any port), as the task states it.
+    callers = lambda dst: {s for s, d, _, _ in ingress if d == dst and s in labels}  # noqa: E731
+    assert callers("feature-runner") == {"gateway"}
+    assert callers("graphsage-runner") == {"gateway", "feature-runner"}
+    assert callers("redis-cluster") == {"gateway", "feature-runner", "redis-cluster", "redis-cluster-create"}
+    assert callers("gateway") == set() and callers("model-admin") == callers("redis-cluster-create") == set()
+    assert {d for s, d, _, _ in egress if s == "graphsage-runner"} == {"kube-system/k8s-app=kube-dns"}
+
+
+def test_k8s_security_contexts():
+    docs = _k8s_docs()
+    templates = _k8s_pod_templates(docs)
+    for comp, template in templates.items():
+        spec = template["spec"]
+        containers = [*spec.get("initContainers", []), *spec["containers"]]
+        redis = all(c["image"].startswith("redis:") for c in containers)
+        assert redis or all(c["image"].startswith("graphsage-serving") for c in containers), comp
+        uid = 999 if redis else 1034  # the official redis image's user / the BentoML image's bentoml
+        psc = spec.get("securityContext") or {}
+        assert psc.get("runAsNonRoot") is True, comp
+        assert psc.get("seccompProfile") == {"type": "RuntimeDefault"}, comp
+        assert (psc.get("runAsUser"), psc.get("runAsGroup"), psc.get("fsGroup")) == (uid, uid, uid), comp
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC"), comp
+        for c in containers:
+            sc = c.get("securityContext") or {}
+            where = f"{comp}/{c['name']}"
+            assert sc.get("allowPrivilegeEscalation") is False, where
+            assert (sc.get("capabilities") or {}).get("drop") == ["ALL"], where
+            assert not (sc.get("capabilities") or {}).get("add"), where
+            assert not sc.get("privileged"), where
+            assert sc.get("runAsUser", uid) == uid and sc.get("runAsNonRoot", True) is True, where
+            # Every container here runs with a read-only root; what they write has a volume.
+            assert sc.get("readOnlyRootFilesystem") is True, where
+
+    # The three services write only to /tmp (BentoML's temp files, numba's cache) and to
+    # $BENTOML_HOME (prometheus_multiproc_dir, store directories): emptyDirs, neither over the bento.
+    for name in SERVICE_DEPLOYMENTS:
+        spec = templates[name]["spec"]
+        c = spec["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True, name
+        empty_dirs = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        writable = {m["mountPath"].rstrip("/") for m in c["volumeMounts"] if m["name"] in empty_dirs}
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        home = env.get("BENTOML_HOME", "").rstrip("/")
+        assert "/tmp" in writable and home in writable, (name, writable, home)
+        # The image's own BENTOML_HOME (/home/bentoml/) contains $BENTO_PATH: an emptyDir there or
+        # at the bento would hide the bento and its models.
+        for path in writable:
+            assert not (BENTO_PATH + "/").startswith(path + "/") and not path.startswith(BENTO_PATH + "/"), path
+        models = [m for m in c["volumeMounts"] if m["mountPath"] == BENTO_PATH + "/models"]
+        if name != "gateway":
+            assert len(models) == 1 and models[0]["readOnly"] is True, name
+        assert len({m["mountPath"] for m in c["volumeMounts"]}) == len(c["volumeMounts"]), name
+    feature = templates["feature-runner"]["spec"]["containers"][0]
+    numba_dir = {e["name"]: e.get("value") for e in feature["env"]}.get("NUMBA_CACHE_DIR", "")
+    assert numba_dir.startswith("/tmp/"), "numba's cache must be on a writable path (NUMBA_CACHE_DIR)"
+    # Redis writes only its data volume (nodes.conf): no RDB/AOF.
+    redis = templates["redis-cluster"]["spec"]["containers"][0]
+    assert "/data" in {m["mountPath"] for m in redis["volumeMounts"]}
+    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "redis-cluster-config")
+    assert 'save ""' in conf["data"]["redis.conf"] and "appendonly no" in conf["data"]["redis.conf"]
+
+
+def test_k8s_service_token_and_tls_secrets():
+    docs = _k8s_docs()
+    templates = _k8s_pod_templates(docs)
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "graphsage-config")
+    for name in SERVICE_DEPLOYMENTS:
+        spec = templates[name]["spec"]
+        c = spec["containers"][0]
+        vols = [v for v in spec["volumes"] if (v.get("secret") or {}).get("secretName") == SERVICE_TOKEN_SECRET]
+        assert len(vols) == 1, f"{name} mounts the {SERVICE_TOKEN_SECRET} Secret"
+        assert not vols[0]["secret"].get("optional"), "without the token the pod must not start"
+        mounts = [m for m in c["volumeMounts"] if m["name"] == vols[0]["name"]]
+        assert len(mounts) == 1 and mounts[0]["readOnly"] is True, name
+        assert "subPath" not in mounts[0], "a subPath mount never sees a rotated Secret"
+        mount = mounts[0]["mountPath"].rstrip("/")
+        assert mount == SERVICE_TOKEN_DIR, name
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        path = env.get("GSAGE_SERVICE_TOKENS_FILE") or config["data"].get("GSAGE_SERVICE_TOKENS_FILE", "")
+        assert path.startswith(mount + "/"), (name, path)
+        key = path[len(mount) + 1:]
+        items = vols[0]["secret"].get("items")
+        assert key == "tokens" if not items else key in {i["path"] for i in items}, (name, key)
+        # Never a token in the manifests themselves.
+        assert "GSAGE_SERVICE_TOKENS" not in env and "GSAGE_SERVICE_TOKENS" not in config["data"], name
+    secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
+    assert SERVICE_TOKEN_SECRET not in secrets and "graphsage-gateway-tls" not in secrets, "created by hand"
+
+    # Gateway TLS: an optional Secret volume; the env (when set) must point inside it.
+    spec = templates["gateway"]["spec"]
+    c = spec["containers"][0]
+    tls = [v for v in spec["volumes"] if (v.get("secret") or {}).get("secretName") == "graphsage-gateway-tls"]
+    assert len(tls) == 1 and tls[0]["secret"].get("optional") is True
+    tls_mount = next(m for m in c["volumeMounts"] if m["name"] == tls[0]["name"])
+    assert tls_mount["mountPath"] == "/var/run/secrets/graphsage/tls" and tls_mount["readOnly"] is True
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    for var, key in (("GSAGE_TLS_CERT_FILE", "tls.crt"), ("GSAGE_TLS_KEY_FILE", "tls.key")):
+        value = env.get(var) or config["data"].get(var)
+        assert value is None or value == f"{tls_mount['mountPath']}/{key}", (var, value)
+    assert ("GSAGE_TLS_CERT_FILE" in env) == ("GSAGE_TLS_KEY_FILE" in env), "both or neither"
+
+
 def test_bentocloud_config_matches_the_deployment_schema():
     import attr
     from bentoml._internal.cloud.schemas.modelschemas import DeploymentServiceConfig, DeploymentTargetHPAConf, HPAPolicy
