@@ -32,6 +32,18 @@ def tracing_config() -> dict:
     return {} if settings().tracing else {"excluded_urls": [".*"]}
 
 
+def gateway_ssl_config() -> dict:
+    """BentoML's ``ssl`` service config for the gateway's HTTP front end (the gRPC front end
+    reads the same files): on when ``tls_cert_file`` and ``tls_key_file`` are set, and only in
+    a process that serves the gateway (``common.bento.serving`` says why)."""
+    from common.bento.serving import serves
+
+    cfg = settings()
+    if not cfg.tls_cert_file or not serves("Gateway", main=True):
+        return {}
+    return {"enabled": True, "certfile": cfg.tls_cert_file, "keyfile": cfg.tls_key_file}
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     # Model store tags the runners load.

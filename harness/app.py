@@ -68,10 +68,12 @@ class Service:
         self.depends = depends or {}
         self.log_path = os.path.join(log_dir or "/tmp", f"{name}-{port}.log")
         self.proc: subprocess.Popen | None = None
+        # The gateway serves HTTPS when given a certificate; its CA verifies it (self-signed).
+        self.tls_ca = env.get("GSAGE_TLS_CERT_FILE") if name == "Gateway" else None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_ca else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, wait_s: float = 90.0) -> "Service":
         env = {**self.env, "BENTOML_HOME": private_home(self.env["BENTOML_HOME"], f"{self.name}-{self.port}")}
@@ -87,7 +89,7 @@ class Service:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                if httpx.get(self.url + "/readyz", timeout=1.0, verify=self.tls_ca or True).status_code == 200:
                     return self
             time.sleep(0.3)
         self.stop()

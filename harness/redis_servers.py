@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from harness.ports import free_port
+from harness.tls import Certificate
 
 STARTUP_TIMEOUT_S = 10.0
 CLUSTER_TIMEOUT_S = 20.0
@@ -61,17 +62,31 @@ def raw_command(port: int, *args: str, timeout: float = 1.0) -> bytes:
 class RedisServer:
     """One ``redis-server`` process; ``start`` / ``kill`` / ``stop`` can be repeated."""
 
-    def __init__(self, workdir: str, port: int | None = None, extra_args: Sequence[str] = ()):
+    def __init__(self, workdir: str, port: int | None = None, extra_args: Sequence[str] = (),
+                 tls: Certificate | None = None):
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        # TLS on a second port (``tls_url``); the plain port stays for the helpers' PING and INFO.
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
+        if tls is not None:
+            self.extra_args += ["--tls-port", str(self.tls_port), "--tls-cert-file", tls.cert_file,
+                                "--tls-key-file", tls.key_file, "--tls-ca-cert-file", tls.ca_file,
+                                "--tls-auth-clients", "no"]
         self.log_path = os.path.join(workdir, f"redis-{self.port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        if self.tls_port is None:
+            raise ValueError("this server was started without TLS")
+        return f"rediss://{HOST}:{self.tls_port}/0"
 
     @property
     def pid(self) -> int | None:

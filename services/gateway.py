@@ -28,7 +28,7 @@ from common.breaker import CircuitBreaker
 from common.errors import ApiError
 from common.metrics import labelled
 from common.service_auth import ServiceTokens, ensure_shared_token
-from common.settings import settings, tracing_config
+from common.settings import gateway_ssl_config, settings, tracing_config
 from runners.feature.service import FeatureRunner
 from runners.graphsage.service import GraphSAGERunner
 from services.answer import Answer
@@ -56,6 +56,7 @@ admin_app = Starlette()
     traffic={"timeout": 30, "max_concurrency": 2048},
     logging={"access": {"enabled": settings().access_log}},
     tracing=tracing_config(),
+    ssl=gateway_ssl_config(),
 )
 @bentoml.asgi_app(admin_app, path="/")
 class Gateway:
@@ -201,3 +202,4 @@ Gateway.add_asgi_middleware(HttpGuard)
 if settings().direct_api:  # inside HttpGuard: auth and rate limits come first
     Gateway.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_json"), JSON)},
                                 server_name="Gateway")
+

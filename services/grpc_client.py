@@ -77,19 +77,28 @@ def to_dict(msg: Any) -> dict[str, Any]:
     return out
 
 
+def channel(target: str, tls_ca_file: str | None = None) -> grpc.Channel:
+    """A plain channel, or a TLS one verifying the server with ``tls_ca_file`` (PEM)."""
+    if tls_ca_file is None:
+        return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    with open(tls_ca_file, "rb") as f:
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(f.read()), options=CHANNEL_OPTIONS)
+
+
 def predict(target: str, node_ids: list[int], api_key: str | None = None, *,
-            timeout_s: float = 10.0, **kw: Any) -> dict[str, Any]:
+            timeout_s: float = 10.0, tls_ca_file: str | None = None, **kw: Any) -> dict[str, Any]:
     """One ``Predict`` call; ``kw``: model, version, fanout, routing_key, seed, embedding.
     Raises ``grpc.RpcError`` (``.code()``, ``.details()``) on any error status."""
-    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        stub = pb_grpc.GraphSAGEStub(channel)
+    with channel(target, tls_ca_file) as channel_:
+        stub = pb_grpc.GraphSAGEStub(channel_)
         reply = stub.Predict(build_request(list(node_ids), **kw), metadata=_metadata(api_key), timeout=timeout_s)
     return to_dict(reply)
 
 
-def list_models(target: str, api_key: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:
-    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        reply = pb_grpc.GraphSAGEStub(channel).ListModels(
+def list_models(target: str, api_key: str | None = None, *, timeout_s: float = 10.0,
+                tls_ca_file: str | None = None) -> dict[str, Any]:
+    with channel(target, tls_ca_file) as channel_:
+        reply = pb_grpc.GraphSAGEStub(channel_).ListModels(
             pb.ListModelsRequest(), metadata=_metadata(api_key), timeout=timeout_s)
     return {"routing": json.loads(reply.routing_json or "null"), "loaded_models": list(reply.loaded_models),
             "details": json.loads(reply.details_json or "null")}
@@ -114,14 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedding", action="store_true")
     parser.add_argument("--list-models", action="store_true", help="call ListModels instead")
     parser.add_argument("--timeout", type=float, default=10.0)
+    parser.add_argument("--tls-ca", metavar="PEM", help="TLS: verify the gateway with this CA (default: plain)")
     args = parser.parse_args(argv)
     try:
         if args.list_models:
-            out = list_models(args.target, args.api_key, timeout_s=args.timeout)
+            out = list_models(args.target, args.api_key, timeout_s=args.timeout, tls_ca_file=args.tls_ca)
         else:
             if not args.node_ids:
                 parser.error("--node-ids is required (or --list-models)")
-            out = predict(args.target, args.node_ids, args.api_key, timeout_s=args.timeout,
+            out = predict(args.target, args.node_ids, args.api_key, timeout_s=args.timeout, tls_ca_file=args.tls_ca,
                           model=args.model, version=args.version, fanout=args.fanout,
                           routing_key=args.routing_key, seed=args.seed, embedding=args.embedding)
     except grpc.RpcError as exc:

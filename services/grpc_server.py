@@ -253,6 +253,14 @@ def rpc_handler(servicer: GraphSAGEServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
+def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials | None:
+    """TLS credentials from the gateway's certificate and key (PEM), or None for plain gRPC."""
+    if not cert_file:
+        return None
+    with open(key_file, "rb") as key, open(cert_file, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
 async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth: Any = None,
                             limiter: Any = None, max_receive_bytes: int = MAX_RECEIVE_BYTES,
                             max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS) -> grpc.aio.Server | None:
@@ -263,7 +271,9 @@ async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth
     ``server.bound_port``."""
     from common.settings import settings
 
-    auth, limiter = build_access(settings(), auth, limiter)
+    cfg = settings()
+    auth, limiter = build_access(cfg, auth, limiter)
+    credentials = server_credentials(cfg.tls_cert_file, cfg.tls_key_file)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
@@ -280,7 +290,8 @@ async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth
 
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as exc:  # grpc >= 1.5x raises; older versions return 0
         log.debug("binding %s: %s", address, exc)
         bound = 0
@@ -291,5 +302,6 @@ async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth
         return None
     await server.start()
     server.bound_port = bound  # type: ignore[attr-defined]
-    log.info("gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d", host, bound)
+    log.info("gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d%s", host, bound,
+             " (TLS)" if credentials is not None else "")
     return server

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.breaker import CircuitBreaker
+from common.redis_client import make_client
 
 log = logging.getLogger(__name__)
 
@@ -188,27 +189,13 @@ class RedisRateLimiter:
 
     @classmethod
     def from_url(
-        cls, url: str, rate_per_s: float, burst: float, *, timeout_s: float = 0.05, **kwargs: Any
+        cls, url: str, rate_per_s: float, burst: float, *, timeout_s: float = 0.05, ca_file: str = "",
+        **kwargs: Any,
     ) -> RedisRateLimiter:
-        """A lazily connected client: a Redis that is down at start-up just means fallback.
-        ``redis+cluster://host:port`` selects a Redis Cluster client."""
-        from redis.asyncio import Redis, RedisCluster
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        # The URL scheme of Settings.redis_url (as in runners.feature.cache.l2_redis).
-        scheme, sep, rest = url.partition("://")
-        if not sep:
-            raise ValueError(f"not a redis URL: {url!r}")
-        is_cluster = scheme in ("redis+cluster", "rediss+cluster")
-        plain_url = f"{scheme.removesuffix('+cluster')}://{rest}"
-        client_cls = RedisCluster if is_cluster else Redis
-        client = client_cls.from_url(
-            plain_url,
-            socket_connect_timeout=timeout_s,
-            socket_timeout=max(4 * timeout_s, 0.25),  # a backstop; wait_for fires first
-            retry=Retry(NoBackoff(), 0),  # the breaker is the retry policy
-        )
+        """A lazily connected client (``common.redis_client``): a Redis that is down at start-up
+        just means fallback."""
+        # socket_timeout is a backstop; wait_for fires first.
+        client = make_client(url, timeout_s=timeout_s, socket_timeout_s=max(4 * timeout_s, 0.25), ca_file=ca_file)
         return cls(client, rate_per_s, burst, timeout_s=timeout_s, **kwargs)
 
     @property
@@ -265,5 +252,5 @@ def build_rate_limiter(settings: Any, redis_url: str | None = None) -> RateLimit
         return LocalRateLimiter(rate, burst)
     return RedisRateLimiter.from_url(
         url, rate, burst, timeout_s=settings.l2_timeout_s,
-        retry_backoff_s=settings.l2_retry_backoff_s,
+        retry_backoff_s=settings.l2_retry_backoff_s, ca_file=settings.redis_ca_file,
     )

@@ -63,10 +63,10 @@ from typing import Any
 import numpy as np
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
-from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
-from redis.retry import Retry
+
+from common.redis_client import make_client
 
 from .base import ROW_DTYPE, all_missed, as_ids
 from .resp import RespConnection
@@ -74,7 +74,6 @@ from .resp import RespConnection
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "gsf"
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 WIRE_DTYPE = np.dtype("<f4")
 SCRIPT_FAILURES_BEFORE_PAUSE = 3
 SCRIPT_PAUSE_S = 60.0
@@ -110,17 +109,6 @@ def row_key_prefix(snapshot_version: str) -> bytes:
             f"snapshot_version must be non-empty, without braces or whitespace: {snapshot_version!r}"
         )
     return f"{KEY_PREFIX}:{snapshot_version}:".encode()
-
-
-def parse_url(url: str, cluster: bool | None = None) -> tuple[str, bool]:
-    """``(url redis-py understands, is_cluster)``; ``cluster`` overrides the scheme."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"not a redis URL: {url!r}")
-    plain = CLUSTER_SCHEMES.get(scheme)
-    if plain is not None:
-        return f"{plain}://{rest}", True if cluster is None else cluster
-    return url, bool(cluster)
 
 
 def _len_or_missing(value: bytes | None) -> int:
@@ -201,18 +189,14 @@ class RedisFeatureLevel:
         timeout_s: float,
         retry_backoff_s: float,
         cluster: bool | None = None,
+        ca_file: str = "",
         **kwargs: Any,
     ) -> RedisFeatureLevel:
         """Build the client lazily connected: a Redis that is down at start-up is just a miss."""
-        plain_url, is_cluster = parse_url(url, cluster)
         write_timeout = kwargs.get("write_timeout_s") or max(4 * timeout_s, 0.25)
-        client_kwargs = dict(
-            socket_connect_timeout=timeout_s,
-            socket_timeout=write_timeout,  # a backstop; the asyncio deadlines fire first
-            retry=Retry(NoBackoff(), 0),  # the circuit below is the retry policy
-        )
-        client_cls = RedisCluster if is_cluster else Redis
-        client = client_cls.from_url(plain_url, **client_kwargs)
+        # socket_timeout is a backstop; the asyncio deadlines fire first.
+        client = make_client(url, timeout_s=timeout_s, socket_timeout_s=write_timeout, ca_file=ca_file,
+                             cluster=cluster)
         return cls(
             client, snapshot_version, dim, ttl_s=ttl_s, timeout_s=timeout_s,
             retry_backoff_s=retry_backoff_s, **kwargs,

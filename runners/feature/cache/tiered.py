@@ -220,5 +220,6 @@ def build_feature_store(
             timeout_per_key_s=settings.l2_timeout_per_key_us * 1e-6,
             write_delay_s=settings.l2_write_delay_ms / 1000,
             retry_backoff_s=settings.l2_retry_backoff_s,
+            ca_file=settings.redis_ca_file,
         )
     return TieredFeatureStore(l1, l2, origin)

@@ -1,0 +1,34 @@
+"""What this process was started to serve, for configuration that only the bento's main service
+may carry.
+
+BentoML applies the entry service's ``ssl`` config to whatever server the process starts: a
+runner started from the same bento with ``start-http-server --service-name GraphSAGERunner``
+would serve HTTPS with the gateway's certificate, and its callers speak plain HTTP to it. So the
+gateway's TLS config is given only when this process serves the gateway itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SERVICE_NAME_ENV = "BENTOML_SERVE_SERVICE_NAME"  # start-http-server's --service-name, as an env var
+
+
+def served_service_name(argv: list[str] | None = None) -> str:
+    """The ``--service-name`` this process (a ``start-http-server`` arbiter or one of BentoML's
+    service workers) was started with, or '' for the bento's main service."""
+    argv = sys.argv if argv is None else argv
+    for i, arg in enumerate(argv):
+        if arg == "--service-name" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--service-name="):
+            return arg.split("=", 1)[1]
+    return os.environ.get(SERVICE_NAME_ENV, "")
+
+
+def serves(service: str, main: bool = False) -> bool:
+    """Does this process serve ``service``? ``main``: it is the bento's main service, which a
+    process serves when no other one is named."""
+    name = served_service_name()
+    return name == service or (main and not name)
