@@ -42,10 +42,6 @@ UPSTREAM_FAILED = 502
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 
-# A killed worker leaves several pooled keep-alive connections to it; a retry can draw another one
-# before the event loop has seen its close. The last retry waits a moment, by which time the dead
-# connections are discarded (tests/test_faults.py kills a model worker under load).
-CONNECTION_RETRY_PAUSES_S = (0.0, 0.02, 0.1)
 # A backstop only: callers bound each call by their own deadline (breaker, WaitBudget).
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -93,8 +89,12 @@ class Runner(Protocol):
 class RunnerClient:
     """A runner over HTTP (``http://``, ``tcp://host:port`` or a ``file://`` unix socket)."""
 
-    def __init__(self, name: str, url: str, tokens: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 retry_pauses_s: tuple[float, ...] = CONNECTION_RETRY_PAUSES_S) -> None:
+    def __init__(self, name: str, url: str, tokens: Any, *, retry_pauses_s: tuple[float, ...],
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """``retry_pauses_s`` (``Settings.connection_retry_pauses_s``): a killed worker leaves
+        several pooled keep-alive connections to it, and a retry can draw another one before the
+        event loop has seen its close; by the last pause the dead ones are discarded
+        (tests/test_faults.py kills a model worker under load)."""
         self.name = name
         self.url = url
         self._tokens = tokens

@@ -1,149 +1,203 @@
-"""One typed configuration object, read once from the environment.
+"""One typed configuration object, read once from the environment and validated at start.
 
-Every knob of the platform lives here so that a deployment changes behaviour with environment
-variables (``GSAGE_<FIELD>``, upper case) and never by editing code. Defaults run on a laptop
-with no Redis: L1 cache + the memory-mapped graph snapshot.
+Every knob of the platform is a field here: a deployment changes behaviour with environment
+variables (``GSAGE_<FIELD>``, upper case; tuples as comma-separated lists) and never by editing
+code. Closed choices are ``Literal``, sizes and times have bounds, and a bad value or an unknown
+``GSAGE_*`` name stops the start with a message that names the variable and the reason
+(``SettingsError``). The defaults run on a laptop with no Redis: L1 cache + the memory-mapped
+graph snapshot.
+
+The fields are grouped in sections, one per subsystem; ``python -m common.settings`` prints the
+configuration table of the README from the fields' descriptions (a test keeps the two equal).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import functools
+import math
 import os
-from typing import Any, get_type_hints
+import sys
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "GSAGE_"
-
-def runner_service_options(workers: int) -> dict:
-    """BentoML service config shared by both runners (separately scaled, internal hops only)."""
-    return {
-        "workers": workers,
-        "traffic": {"timeout": 30, "max_concurrency": 1024},
-        # The gateway's access log, metrics and traces cover a request; a log line per hop costs CPU.
-        "logging": {"access": {"enabled": False}},
-        "tracing": tracing_config(),
-    }
+# GSAGE_ variables that are not service settings: the gRPC CLI's key and the load generators'.
+CLIENT_VARIABLES = frozenset({"GSAGE_API_KEY"})
+CLIENT_PREFIXES = ("GSAGE_BENCH_",)
 
 
-def tracing_config() -> dict:
-    """BentoML wraps every service in OpenTelemetry's ASGI middleware; with no exporter it still
-    built a span per request, 28% of the gateway's CPU samples under load (bench.suite, py-spy).
-    Unless ``GSAGE_TRACING`` is on, every URL is excluded, which makes the middleware a pass-through."""
-    return {} if settings().tracing else {"excluded_urls": [".*"]}
+class SettingsError(ValueError):
+    """A bad or unknown ``GSAGE_*`` variable; the message names it."""
 
 
-def gateway_ssl_config() -> dict:
-    """BentoML's ``ssl`` service config for the gateway's HTTP front end (the gRPC front end
-    reads the same files): on when ``tls_cert_file`` and ``tls_key_file`` are set, and only in
-    a process that serves the gateway (``common.bento.serving`` says why)."""
-    from common.bento.serving import serves
-
-    cfg = settings()
-    if not cfg.tls_cert_file or not serves("Gateway", main=True):
-        return {}
-    return {"enabled": True, "certfile": cfg.tls_cert_file, "keyfile": cfg.tls_key_file}
+def _split(value: Any) -> Any:
+    """``"25,10"`` -> ``["25", "10"]`` (an environment variable); anything else as it is."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    # Model store tags the runners load.
-    snapshot_tag: str = "graph-snapshot:latest"
-    model_tags: tuple[str, ...] = ("graphsage:latest",)
+def _readable_file(path: str) -> str:
+    if path and not os.access(path, os.R_OK):
+        raise ValueError(f"{path!r} is not a readable file")
+    return path
 
-    # Sampling: the maximum fanout per hop; a request may ask for less, never more.
-    fanout: tuple[int, ...] = (25, 10)
-    max_nodes_per_request: int = 1024  # one client request; merged calls: coalesce_max_nodes
 
-    # L1: per-process LRU bounded in bytes, with TTL.
-    l1_bytes: int = 64 * 1024 * 1024
-    l1_ttl_s: float = 300.0
-    # Admission: when full, L1 takes a new row only once it was looked up this many times recently
-    # (0: plain LRU). Zipf single-target stream, L1 at 10%: hit ratio 47.3% -> 58.3%, L1 inserts
-    # per request 28.8 -> 0.8 (runners/feature/cache/l1.py, bench/bench_features.py).
-    l1_admit_min_uses: int = 3
-    # L2: Redis. Empty URL = no L2. ``redis://host:port/0`` or ``redis+cluster://host:port``.
-    redis_url: str = ""
-    l2_ttl_s: int = 3600
-    l2_timeout_s: float = 0.05
-    # A read's deadline grows with its key count: a bulk request's ~7k-key MGET took 25-50 ms
-    # under load and timed out at a flat 50 ms, opening the circuit for everyone (bench.suite).
-    l2_timeout_per_key_us: float = 5.0
-    l2_retry_backoff_s: float = 1.0
-    # Write-back of origin misses is coalesced for this long (or until 1024 rows wait): a warm
-    # cache misses a few rows in most requests, one Redis write each cost a round trip of CPU.
-    l2_write_delay_ms: float = 100.0
-    warm_nodes: int = 0
-    # Feature batches of at least this many targets are scans: the snapshot only (no L1, no
-    # Redis), no cache fill (runners/feature/cache/tiered.py says why). 0 turns it off. Single-node
-    # traffic merged at concurrency 32 stays below it.
-    scan_min_targets: int = 64
-    # The FeatureTensor rows as the gateway asks for them (float32 | float16). float16 halves the
-    # bytes that cross two hops (256 targets: 4.42 -> 2.26 MB); on the demo model it changed no
-    # class over 10,240 targets, max |prob diff| 9.9e-4 (tests/test_inference.py checks the bound).
-    feature_transport_dtype: str = "float16"
-    # Mean-aggregator versions get the premean FeatureTensor for requests of at least
-    # premean_min_targets nodes (the last hop as its means, repeated hop-1 nodes once: 256 targets
-    # 1.79 -> 0.59 MB, the model runner's decode + forward 3.68 -> 1.69 ms). Below ~16 targets the
-    # FeatureRunner's extra pass costs more than the model saves (bench/bench_premean.py).
-    premean: bool = True
-    premean_min_targets: int = 16
+def _redis_url(url: str) -> str:
+    if url:
+        from common.redis_client import parse_url
 
-    # Worker processes per service (each scales on its own; one batch in flight per worker).
-    gateway_workers: int = 1
-    feature_workers: int = 1
-    model_workers: int = 1
+        parse_url(url)
+    return url
 
-    # Model runner.
-    backend: str = "onnx"  # onnx | onnx-cuda | torch | tensorrt
-    intra_op_threads: int = 1
-    max_batch_targets: int = 256
-    # 0: a batch takes what queued while the previous one ran (no wait at low load). Measured:
-    # 2 ms cost 2.5 ms of P50 at concurrency 1 and gained nothing at 32 (bench.suite).
-    max_batch_delay_ms: float = 0.0
-    # Batches up to this many targets run on the event loop, larger ones in the forward thread.
-    inline_forward_max_targets: int = 16
 
-    # The hot APIs (the gateway's /predict, FeatureRunner.predict, GraphSAGERunner.infer) answered
-    # by common.bento.direct_api, past BentoML's per-request API dispatch; off: through @bentoml.api,
-    # with the same answers. c=32: 1,205 -> 1,746 req/s; c=1 mean 7.67 -> 5.40 ms (bench.suite.ab).
-    direct_api: bool = True
+CommaList = Annotated[tuple[Any, ...], NoDecode, BeforeValidator(_split)]
+FilePath = Annotated[str, AfterValidator(_readable_file)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1)]
 
-    # Observability.
-    tracing: bool = False  # BentoML's OpenTelemetry spans; configure an exporter when on
 
-    # Gateway.
-    access_log: bool = True
-    auth_enabled: bool = False
-    api_keys_file: str = ""
-    rate_limit_per_s: float = 0.0  # 0 = unlimited
-    rate_limit_burst: int = 100
-    routing_file: str = ""
-    # The gateway's deadline for one FeatureRunner.predict call, the model call inside it included.
-    runner_timeout_s: float = 2.0
-    # Merged runner calls in flight per gateway worker. Beside calls in flight, the next starts
-    # once full (coalesce_max_nodes nodes) or once it holds coalesce_overlap_ratio times the
-    # nodes of the largest call in flight (inf: only full calls): bulk traffic pipelines, small
-    # requests merge into a few calls of similar size (common/batching.py has the figures).
-    coalesce_max_inflight: int = 4
-    # The most nodes one merged call carries (the FeatureRunner admits calls of this size): merging
-    # amortises each call's fixed cost over more nodes. Bulk 256 at c=16 (bench.suite.ab, each
-    # against 1024 in windows interleaved): 1024 -> 2048 nodes 291 -> 314 req/s (P99 88 -> 80 ms);
-    # 1024 -> 4096 284 -> 295 req/s (P99 90 -> 105 ms). 256 (bulk never merged): 216 vs 283-306.
-    coalesce_max_nodes: int = 2048
-    coalesce_overlap_ratio: float = 1.0
-    breaker_failures: int = 5
-    breaker_reset_s: float = 2.0
-    grpc_port: int = 50051
-    # TLS for the gateway's HTTP and gRPC front ends (PEM files; both or neither).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
+class ModelStoreSection(BaseModel):
+    snapshot_tag: str = Field("graph-snapshot:latest", min_length=1, description="graph the FeatureRunner serves (memory-mapped)")
+    model_tags: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], NoDecode, BeforeValidator(_split)] = Field(
+        ("graphsage:latest",), min_length=1,
+        description="versions the GraphSAGERunner loads at start; the first is the default route")
 
-    # Internal hops: the service tokens a runner accepts (the first is the one sent; two at once
-    # for a rotation), as a list or as a file re-read on change (common/service_auth.py).
-    service_tokens: tuple[str, ...] = ()
-    service_tokens_file: str = ""
-    # CA bundle to verify a rediss:// server (L2 and the rate limiter); empty: the system's.
-    redis_ca_file: str = ""
+
+class SamplingSection(BaseModel):
+    fanout: Annotated[tuple[Annotated[int, Field(ge=1, le=1024)], ...], NoDecode, BeforeValidator(_split)] = Field(
+        (25, 10), min_length=1, max_length=8, description="maximum fanout per hop (a request may ask for less)")
+    max_nodes_per_request: Count = Field(1024, description="node ids in one client request (413 above)")
+
+
+class FeatureCacheSection(BaseModel):
+    l1_bytes: Annotated[int, Field(ge=0)] = Field(64 * 1024 * 1024, description="per-process LRU+TTL cache of feature rows, bytes")
+    l1_ttl_s: Positive = Field(300.0, description="L1 entry lifetime")
+    l1_admit_min_uses: Annotated[int, Field(ge=0)] = Field(
+        3, description="a full L1 admits a row only after this many recent lookups (TinyLFU-style; 0: plain LRU)")
+    redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
+        "", description="L2 and shared rate limits: `redis://host:port/0`, `redis+cluster://host:port`, "
+                        "`rediss://` for TLS; empty: no Redis")
+    redis_ca_file: FilePath = Field("", description="CA bundle that verifies a `rediss://` server (empty: the system's)")
+    l2_ttl_s: Count = Field(3600, description="Redis entry lifetime, seconds")
+    l2_timeout_s: Positive = Field(0.05, description="a Redis read's deadline (then origin)")
+    l2_timeout_per_key_us: NonNegative = Field(
+        5.0, description="added to a read's deadline per key: a bulk read is not cut off at a single node's budget")
+    l2_retry_backoff_s: Positive = Field(1.0, description="after a Redis failure, calls skip it this long before one probe")
+    l2_write_delay_ms: NonNegative = Field(100.0, description="write-back of origin misses is coalesced this long")
+    l2_write_batch_rows: Count = Field(1024, description="... or until this many rows wait")
+    l2_max_inflight_writes: Count = Field(64, description="write-backs in flight; more are dropped and counted")
+    warm_nodes: Annotated[int, Field(ge=0)] = Field(0, description="hottest nodes (by degree) preloaded into L1/L2")
+    scan_min_targets: Annotated[int, Field(ge=0)] = Field(
+        64, description="feature batches this large are scans: the snapshot only, no cache read or fill (0: off)")
+    feature_transport_dtype: Literal["float32", "float16"] = Field(
+        "float16", description="FeatureTensor rows between the runners (`float32` for bit-exact features)")
+    premean: bool = Field(True, description="mean-aggregator versions get the premean FeatureTensor (the last hop as its means)")
+    premean_min_targets: Count = Field(16, description="... for requests of at least this many nodes")
+
+
+class ModelRunnerSection(BaseModel):
+    backend: Literal["onnx", "onnx-cuda", "torch", "tensorrt"] = Field(
+        "onnx", description="`onnx`, `onnx-cuda`, `torch` (reference, needs torch installed); `tensorrt` is the GPU issue's")
+    intra_op_threads: Count = Field(1, description="compute threads per model worker")
+    max_batch_targets: Count = Field(256, description="targets per forward pass (adaptive batching)")
+    max_batch_delay_ms: NonNegative = Field(0.0, description="wait for company (0: take what queued while the last batch ran)")
+    inline_forward_max_targets: Annotated[int, Field(ge=0)] = Field(
+        16, description="forward passes this small run on the event loop, larger ones in the forward thread")
+
+
+class ServingSection(BaseModel):
+    gateway_workers: Count = Field(1, description="gateway worker processes")
+    feature_workers: Count = Field(1, description="FeatureRunner worker processes")
+    model_workers: Count = Field(1, description="GraphSAGERunner worker processes")
+    host: str = Field("", description="the gateway's HTTP and gRPC bind address; empty: 127.0.0.1 while auth is off, "
+                                      "all interfaces with auth on")
+    request_timeout_s: Positive = Field(30.0, description="BentoML's per-request timeout of every service (504 after it)")
+    gateway_max_concurrency: Count = Field(2048, description="requests in flight per gateway worker (503 above)")
+    runner_max_concurrency: Count = Field(1024, description="requests in flight per runner worker (503 above)")
+    direct_api: bool = Field(True, description="the hot APIs answered past BentoML's per-request dispatch "
+                                               "(common/bento/direct_api.py); off: through `@bentoml.api`, same answers")
+    tracing: bool = Field(False, description="BentoML's OpenTelemetry spans (off: its middleware passes requests through)")
+    access_log: bool = Field(True, description="the gateway's access log (the internal hops never log one)")
+
+
+class GatewaySection(BaseModel):
+    auth_enabled: bool = Field(False, description="API keys required (`predict`, `admin` scopes)")
+    api_keys_file: FilePath = Field("", description="the key file (`python -m services.auth create`)")
+    rate_limit_per_s: NonNegative = Field(0.0, description="token bucket per key (0: unlimited); one budget for HTTP and "
+                                                           "gRPC, shared through Redis when `GSAGE_REDIS_URL` is set")
+    rate_limit_burst: Count = Field(100, description="bucket size")
+    routing_file: str = Field("", description="canary / A-B routing table (empty: in memory)")
+    routing_poll_interval_s: Positive = Field(1.0, description="how often each gateway worker looks for routing changes")
+    runner_timeout_s: Positive = Field(2.0, description="deadline of one FeatureRunner call (its model call gets 3/4 of it)")
+    connection_retry_pauses_s: Annotated[tuple[Annotated[float, Field(ge=0, le=5)], ...], NoDecode,
+                                         BeforeValidator(_split)] = Field(
+        (0.0, 0.02, 0.1), max_length=5, description="a connection lost mid-call is retried after each of these pauses")
+    breaker_failures: Count = Field(5, description="consecutive failures that open a runner's circuit breaker")
+    breaker_reset_s: NonNegative = Field(2.0, description="an open breaker lets a probe through after this long")
+    coalesce_max_inflight: Count = Field(4, description="merged FeatureRunner calls in flight per gateway worker")
+    coalesce_overlap_ratio: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="beside calls in flight, a new one starts once full or this many times the largest (`inf`: full only)")
+    coalesce_max_nodes: Count = Field(2048, description="nodes in one merged FeatureRunner call")
+    max_body_bytes: Count = Field(1 << 20, description="largest request body (HTTP and gRPC; 413 above)")
+    stale_answers: Annotated[int, Field(ge=0)] = Field(
+        200_000, description="nodes whose last answer is kept for degraded answers while the FeatureRunner is down")
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] = Field(50051, description="gRPC port (0: off)")
+
+
+class SecuritySection(BaseModel):
+    tls_cert_file: FilePath = Field("", description="TLS certificate (PEM) for the gateway's HTTP and gRPC")
+    tls_key_file: FilePath = Field("", description="its private key (PEM); both or neither")
+    service_tokens: CommaList = Field((), max_length=2, description="tokens the runners accept on internal calls (the first "
+                                                                    "is sent; two during a rotation)")
+    service_tokens_file: FilePath = Field("", description="the same from a file, one per line, re-read on change (a Secret)")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> SecuritySection:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            missing = "tls_key_file" if self.tls_cert_file else "tls_cert_file"
+            raise ValueError(f"TLS needs both GSAGE_TLS_CERT_FILE and GSAGE_TLS_KEY_FILE; {ENV_PREFIX}{missing.upper()} "
+                             "is missing")
+        return self
+
+
+SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, FeatureCacheSection, ModelRunnerSection,
+                                         ServingSection, GatewaySection, SecuritySection)
+
+
+class _MappingEnv(EnvSettingsSource):
+    """The environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k.lower(): v for k, v in self._env.items()}
+
+
+class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSection, FeatureCacheSection,
+               SamplingSection, ModelStoreSection, BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="forbid", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   **_: Any) -> tuple[PydanticBaseSettingsSource, ...]:
+        env = _SOURCE.get("env")
+        return (init_settings, env_settings if env is None else _MappingEnv(settings_cls, env))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.auth_enabled and not self.api_keys_file:
+            raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
+        return self
 
     @property
     def runner_call_max_nodes(self) -> int:
@@ -159,32 +213,142 @@ class Settings:
         (-> degraded answers); the last quarter is left to sampling and fetching."""
         return 0.75 * self.runner_timeout_s
 
-
-def _parse(raw: str, kind: Any) -> Any:
-    if kind is bool:
-        return raw.strip().lower() in {"1", "true", "yes", "on"}
-    if kind in (int, float, str):
-        return kind(raw)
-    item = kind.__args__[0]  # tuple[X, ...]
-    return tuple(item(p.strip()) for p in raw.split(",") if p.strip())
+    @property
+    def bind_host(self) -> str:
+        """Where the gateway listens: loopback while anyone may call it, unless told otherwise."""
+        return self.host or ("0.0.0.0" if self.auth_enabled else "127.0.0.1")
 
 
-def load_settings(env: dict[str, str] | None = None) -> Settings:
-    """Build Settings from defaults overridden by ``GSAGE_*`` environment variables."""
+_SOURCE: dict[str, Mapping[str, str] | None] = {}
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _unknown(env: Mapping[str, str]) -> list[str]:
+    known = {env_name(name) for name in Settings.model_fields}
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known
+                  and k.upper() not in CLIENT_VARIABLES and not k.upper().startswith(CLIENT_PREFIXES))
+
+
+def _explain(exc: ValidationError, env: Mapping[str, str]) -> str:
+    lines = []
+    upper = {k.upper(): v for k, v in env.items()}
+    for err in exc.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        if field in Settings.model_fields:
+            name = env_name(field)
+            raw = upper.get(name)
+            where = f"{name}={raw!r}" if raw is not None else name
+            detail = ".".join(str(p) for p in err["loc"][1:])
+            lines.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}" + (f" (item {detail})" if detail else ""))
+        else:
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+    return "; ".join(lines)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the defaults overridden by ``GSAGE_*`` variables of ``env`` (default: this
+    process's environment); raises ``SettingsError`` naming every bad or unknown variable."""
     env = os.environ if env is None else env
-    hints = get_type_hints(Settings)
-    overrides = {}
-    for field in dataclasses.fields(Settings):
-        raw = env.get(ENV_PREFIX + field.name.upper())
-        if raw is not None:
-            try:
-                overrides[field.name] = _parse(raw, hints[field.name])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{ENV_PREFIX}{field.name.upper()}={raw!r}: {exc}") from exc
-    return Settings(**overrides)
+    unknown = _unknown(env)
+    if unknown:
+        names = [env_name(n) for n in Settings.model_fields]
+        hints = [f"{u} (did you mean {', '.join(m)}?)" if (m := difflib.get_close_matches(u.upper(), names, 2)) else u
+                 for u in unknown]
+        raise SettingsError(f"unknown setting {'; '.join(hints)}; `python -m common.settings` lists them all")
+    _SOURCE["env"] = env
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(f"bad configuration: {_explain(exc, env)}") from None
+    finally:
+        _SOURCE.pop("env", None)
 
 
 @functools.lru_cache(maxsize=1)
 def settings() -> Settings:
-    """The process-wide settings, read once."""
+    """The process-wide settings, read once (a bad value stops the start here)."""
     return load_settings()
+
+
+# -- BentoML service configuration built from the settings ---------------------------------------
+
+
+def runner_service_options(workers: int) -> dict:
+    """BentoML service config shared by both runners (separately scaled, internal hops only)."""
+    cfg = settings()
+    return {
+        "workers": workers,
+        "traffic": {"timeout": cfg.request_timeout_s, "max_concurrency": cfg.runner_max_concurrency},
+        # The gateway's access log, metrics and traces cover a request; a log line per hop costs CPU.
+        "logging": {"access": {"enabled": False}},
+        "tracing": tracing_config(),
+    }
+
+
+def tracing_config() -> dict:
+    """BentoML wraps every service in OpenTelemetry's ASGI middleware, which builds a span per
+    request even with no exporter (bench.suite's profile shows its share of the gateway's CPU).
+    Unless ``GSAGE_TRACING`` is on, every URL is excluded, which makes it a pass-through."""
+    return {} if settings().tracing else {"excluded_urls": [".*"]}
+
+
+def gateway_ssl_config() -> dict:
+    """BentoML's ``ssl`` service config for the gateway's HTTP front end (the gRPC front end
+    reads the same files): on when ``tls_cert_file`` and ``tls_key_file`` are set, and only in
+    a process that serves the gateway (``common.bento.serving`` says why)."""
+    from common.bento.serving import serves
+
+    cfg = settings()
+    if not cfg.tls_cert_file or not serves("Gateway", main=True):
+        return {}
+    return {"enabled": True, "certfile": cfg.tls_cert_file, "keyfile": cfg.tls_key_file}
+
+
+# -- the README's configuration table --------------------------------------------------------------
+
+
+def _default(info: FieldInfo) -> str:
+    value = info.default
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) if value else "empty"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value == "":
+        return "empty"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return str(value)
+
+
+def markdown_table() -> str:
+    """The configuration table, one block of rows per section."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for section in SECTIONS:
+        title = section.__name__.removesuffix("Section")
+        rows.append(f"| **{' '.join(_words(title))}** | | |")
+        for name in section.__annotations__:
+            info = Settings.model_fields[name]
+            rows.append(f"| `{env_name(name)}` | {_default(info)} | {info.description} |")
+    return "\n".join(rows) + "\n"
+
+
+def _words(camel: str) -> list[str]:
+    out, word = [], ""
+    for ch in camel:
+        if ch.isupper() and word and not word[-1].isupper():
+            out.append(word)
+            word = ch
+        else:
+            word += ch
+    return [*out, word]
+
+
+if __name__ == "__main__":
+    try:
+        load_settings()
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+    sys.stdout.write(markdown_table())

@@ -31,10 +31,11 @@ from common.service_auth import ServiceTokens, ensure_shared_token
 from common.settings import gateway_ssl_config, settings, tracing_config
 from runners.feature.service import FeatureRunner
 from runners.graphsage.service import GraphSAGERunner
+from services.access import gateway_access
 from services.answer import Answer
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
-from services.prediction import PredictionCore
+from services.prediction import PredictionCore, StaleAnswers
 from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
 
@@ -52,8 +53,8 @@ admin_app = Starlette()
 @bentoml.service(
     name="Gateway",
     workers=settings().gateway_workers,
-    http={"port": 3000},
-    traffic={"timeout": 30, "max_concurrency": 2048},
+    http={"port": 3000, "host": settings().bind_host},
+    traffic={"timeout": settings().request_timeout_s, "max_concurrency": settings().gateway_max_concurrency},
     logging={"access": {"enabled": settings().access_log}},
     tracing=tracing_config(),
     ssl=gateway_ssl_config(),
@@ -68,8 +69,10 @@ class Gateway:
         self.settings = cfg
         self.routing = RoutingTable.from_settings(cfg)
         tokens = ServiceTokens.from_settings(cfg)
-        self.feature = connect(type(self).feature_runner, tokens, timeout_s=cfg.runner_timeout_s)
-        self.model = connect(type(self).model_runner, tokens, timeout_s=cfg.runner_timeout_s)
+        self.feature = connect(type(self).feature_runner, tokens, timeout_s=cfg.runner_timeout_s,
+                             retry_pauses_s=cfg.connection_retry_pauses_s)
+        self.model = connect(type(self).model_runner, tokens, timeout_s=cfg.runner_timeout_s,
+                             retry_pauses_s=cfg.connection_retry_pauses_s)
         self.core = PredictionCore(
             self.routing,
             lambda **kw: self.feature.call_bytes(
@@ -77,6 +80,7 @@ class Gateway:
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,
+            stale=StaleAnswers(cfg.stale_answers),
             max_merge_nodes=cfg.coalesce_max_nodes,
             max_inflight=cfg.coalesce_max_inflight,
             overlap_ratio=cfg.coalesce_overlap_ratio,
@@ -102,16 +106,18 @@ class Gateway:
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace=1.0)
 
-    def reload_routing(self) -> None:
-        """At most once a second: pick up routing changes made by any worker or the CLI."""
+    def reload_files(self) -> None:
+        """At most once per ``routing_poll_interval_s``: pick up routing changes made by any
+        worker or the CLI, and keys created or revoked in the key file."""
         now = time.monotonic()
         if now >= self._next_reload:
-            self._next_reload = now + 1.0
-            self.routing.reload_if_changed()
+            self._next_reload = now + self.settings.routing_poll_interval_s
+            self.routing.reload_if_changed(force=True)
+            gateway_access()[0].reload_if_changed()
 
     async def run_predict(self, req: PredictRequest) -> Answer:
         """The one prediction path, for HTTP and gRPC alike; raises ApiError."""
-        self.reload_routing()
+        self.reload_files()
         if len(req.node_ids) > self.settings.max_nodes_per_request:
             raise ApiError(413, f"{len(req.node_ids)} node ids; at most {self.settings.max_nodes_per_request} per request")
         started = time.perf_counter()
@@ -150,7 +156,7 @@ class Gateway:
         return (await self.run_predict(PredictRequest.model_validate_json(body or b"{}"))).to_json()
 
     async def describe_models(self) -> dict[str, Any]:
-        self.reload_routing()
+        self.reload_files()
         out: dict[str, Any] = {"routing": self.routing.to_json()}
         for name, runner, route in (("model_runner", self.model, "models"), ("feature_runner", self.feature, "info")):
             try:

@@ -3,14 +3,13 @@
 BentoML 1.4 serves no gRPC for new-style services, so this is a ``grpc.aio`` server started by the
 Gateway's ``on_startup`` hook in the same worker process and event loop as the HTTP front end. It
 calls the same ``Gateway.run_predict`` (routing, breakers, degraded answers, metrics), admits with
-the same ``ApiKeyAuth`` and rate limiter kind as HTTP (``services.http_guard.build_access``), and
+the same ``ApiKeyAuth`` and rate limiter as HTTP (``services.access``: one budget per key across
+both protocols), and
 adds the standard health service (``grpc.health.v1.Health``: SERVING for ``""`` and
 ``graphsage.v1.GraphSAGE``) and server reflection.
 
 Auth: metadata ``authorization: Bearer <key>`` or ``x-api-key: <key>``; both RPCs need the
 ``predict`` scope (as HTTP ``/predict`` and ``/models``). Rate limits are per key name, as HTTP.
-The limiter is this front end's own instance: with the per-process limiter, HTTP and gRPC each
-allow the configured rate.
 
 Status codes (never INTERNAL for bad input)::
 
@@ -52,7 +51,7 @@ from pydantic import ValidationError
 from services.answer import Answer
 from services.auth import AuthError, Forbidden
 from services.grpc_codegen import ensure_stubs
-from services.http_guard import MAX_BODY_BYTES, build_access
+from services.access import resolve_access
 from common.errors import ApiError
 from services.protocol import PredictRequest, PredictResponse
 
@@ -65,8 +64,6 @@ from services.grpc_gen.graphsage.v1 import predict_pb2_grpc as pb_grpc  # noqa: 
 log = logging.getLogger("graphsage.gateway.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphSAGE"].full_name  # graphsage.v1.GraphSAGE
-MAX_RECEIVE_BYTES = MAX_BODY_BYTES  # 1 MiB, as the HTTP body limit
-MAX_CONCURRENT_RPCS = 2048  # as the Gateway's traffic.max_concurrency
 DEFAULT_MODEL = PredictRequest.model_fields["model"].default
 
 _BY_HTTP_STATUS: dict[int, grpc.StatusCode] = {
@@ -261,18 +258,21 @@ def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials 
         return grpc.ssl_server_credentials([(key.read(), cert.read())])
 
 
-async def start_grpc_server(gateway: Any, port: int, *, host: str = "[::]", auth: Any = None,
-                            limiter: Any = None, max_receive_bytes: int = MAX_RECEIVE_BYTES,
-                            max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS) -> grpc.aio.Server | None:
-    """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (all interfaces
-    by default; port 0 picks a free one) and return the started server, or None (logged) when
-    the port cannot be bound, e.g. another gateway worker holds it. ``auth``/``limiter``
-    default to those ``build_access(settings())`` builds. The bound port is recorded as
-    ``server.bound_port``."""
+async def start_grpc_server(gateway: Any, port: int, *, host: str | None = None, auth: Any = None,
+                            limiter: Any = None, max_receive_bytes: int | None = None,
+                            max_concurrent_rpcs: int | None = None) -> grpc.aio.Server | None:
+    """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (default:
+    ``Settings.bind_host``; port 0 picks a free one) and return the started server, or None
+    (logged) when the port cannot be bound, e.g. another gateway worker holds it. ``auth`` /
+    ``limiter`` default to this process's (``services.access``), the limits to the settings'.
+    The bound port is recorded as ``server.bound_port``."""
     from common.settings import settings
 
     cfg = settings()
-    auth, limiter = build_access(cfg, auth, limiter)
+    auth, limiter = resolve_access(auth, limiter)
+    host = cfg.bind_host if host is None else host
+    max_receive_bytes = cfg.max_body_bytes if max_receive_bytes is None else max_receive_bytes
+    max_concurrent_rpcs = cfg.gateway_max_concurrency if max_concurrent_rpcs is None else max_concurrent_rpcs
     credentials = server_credentials(cfg.tls_cert_file, cfg.tls_key_file)
     server = grpc.aio.server(
         options=[

@@ -18,7 +18,7 @@ from typing import Any
 from common.errors import ApiError, message_from_body, retry_after_seconds, send_error
 from common.service_auth import BODY_METHODS, media_type
 from services.auth import ApiKeyAuth, AuthError, Forbidden
-from services.ratelimit import LocalRateLimiter
+from services.access import resolve_access
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,7 +26,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PUBLIC_PATHS = ("/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/docs", "/schema.json")
-MAX_BODY_BYTES = 1 << 20
 
 
 class BodyTooLarge(Exception):
@@ -37,23 +36,14 @@ async def send_json(send: Send, status: int, message: str, headers: dict[str, st
     await send_error(send, ApiError(status, message, headers))
 
 
-def build_access(cfg: Any, auth: ApiKeyAuth | None = None, limiter: Any | None = None) -> tuple[ApiKeyAuth, Any]:
-    """The authenticator and rate limiter of a front end (those given, else built from
-    ``Settings``): one place, so that HTTP (``HttpGuard``) and gRPC (``services.grpc_server``)
-    admit and limit alike."""
-    # ``is None``, not ``or``: a LocalRateLimiter with no buckets yet has len() 0, i.e. is falsy.
-    return (ApiKeyAuth.from_settings(cfg) if auth is None else auth,
-            LocalRateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst) if limiter is None else limiter)
-
-
 class HttpGuard:
     def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
-                 limiter: Any | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 limiter: Any | None = None, max_body_bytes: int | None = None) -> None:
         from common.settings import settings
 
         self.app = app
-        self.auth, self.limiter = build_access(settings(), auth, limiter)
-        self.max_body_bytes = max_body_bytes
+        self.auth, self.limiter = resolve_access(auth, limiter)
+        self.max_body_bytes = settings().max_body_bytes if max_body_bytes is None else max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

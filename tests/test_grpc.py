@@ -19,11 +19,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from common.settings import settings
+from common.errors import ApiError
+from common.settings import load_settings, settings
 from services import grpc_codegen
+from services.access import gateway_access
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from services.grpc_server import MAX_RECEIVE_BYTES, SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for
-from services.prediction import ApiError
+from services.grpc_server import SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for
 from services.protocol import NodePrediction, PredictRequest, PredictResponse
 
 ERROR_BASE = 9_000_000  # node id ERROR_BASE + s: the fake gateway raises ApiError(s)
@@ -86,8 +87,10 @@ def env(monkeypatch):
     for name in ("GSAGE_AUTH_ENABLED", "GSAGE_API_KEYS_FILE", "GSAGE_RATE_LIMIT_PER_S", "GSAGE_RATE_LIMIT_BURST"):
         monkeypatch.delenv(name, raising=False)
     settings.cache_clear()
+    gateway_access.cache_clear()
     yield monkeypatch
     settings.cache_clear()
+    gateway_access.cache_clear()
 
 
 @pytest.fixture
@@ -96,6 +99,7 @@ def serve(env):
 
     def start(gateway: Any = None, **kw: Any) -> ServerThread:
         settings.cache_clear()
+        gateway_access.cache_clear()
         st = ServerThread(gateway or FakeGateway(), **kw)
         started.append(st)
         return st
@@ -245,8 +249,9 @@ def test_oversized_message_rejected_by_grpc(serve, channel_to):
     gw = FakeGateway()
     st = serve(gw)
     raw = channel_to(st).unary_unary(f"/{SERVICE_NAME}/Predict", request_serializer=None, response_deserializer=None)
-    big = pb.PredictRequest(node_ids=[2**40] * (MAX_RECEIVE_BYTES // 4)).SerializeToString()  # 6-byte varints
-    assert len(big) > MAX_RECEIVE_BYTES
+    limit = load_settings({}).max_body_bytes
+    big = pb.PredictRequest(node_ids=[2**40] * (limit // 4)).SerializeToString()  # 6-byte varints
+    assert len(big) > limit
     assert rpc_error(raw, big).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert gw.requests == []
 

@@ -159,3 +159,46 @@ def test_redis_down_falls_back_to_local_and_recovers(redis_standalone):
             await lim.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_one_budget_per_key_across_gateway_workers_and_both_protocols(demo_store, redis_standalone, tmp_path):
+    """Two gateway workers, HTTP and gRPC, Redis configured: a key's burst is spent once,
+    whichever worker and protocol spend it (per-process buckets would allow it per worker and
+    per protocol, several times over)."""
+    import grpc
+    import httpx
+
+    from harness.app import SplitApp, free_port
+    from services.grpc_client import predict as grpc_predict
+
+    burst, rate = 6, 0.05  # a refill every 20 s: within the test the budget is the burst alone
+    grpc_port = free_port()
+    app = SplitApp(demo_store.home, {
+        "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GATEWAY_WORKERS": "2", "GSAGE_GRPC_PORT": str(grpc_port),
+        "GSAGE_REDIS_URL": redis_standalone.url, "GSAGE_RATE_LIMIT_PER_S": str(rate),
+        "GSAGE_RATE_LIMIT_BURST": str(burst)}, log_dir=str(tmp_path))
+    try:
+        app.start()
+        started = time.monotonic()
+        http = [httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code
+                for i in range(4)]  # a new connection each: the kernel spreads them over the workers
+        grpc_codes = []
+        for i in range(4):
+            try:
+                grpc_predict(f"127.0.0.1:{grpc_port}", [i], timeout_s=30)
+                grpc_codes.append("OK")
+            except grpc.RpcError as exc:
+                grpc_codes.append(exc.code().name)
+        http += [httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code
+                 for i in range(8)]
+        elapsed = time.monotonic() - started
+    finally:
+        app.stop()
+    allowed = http.count(200) + grpc_codes.count("OK")
+    refill = math.floor(elapsed * rate)
+    assert burst <= allowed <= burst + refill, (http, grpc_codes, elapsed)
+    assert set(http) <= {200, 429} and set(grpc_codes) <= {"OK", "RESOURCE_EXHAUSTED"}
+    assert http[:4] == [200] * 4 and grpc_codes[:2] == ["OK", "OK"]  # the burst, in order of spending
+    assert "RESOURCE_EXHAUSTED" in grpc_codes and 429 in http  # refused on both protocols once spent

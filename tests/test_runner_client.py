@@ -119,7 +119,7 @@ def test_a_lost_connection_is_retried_until_the_pauses_run_out():
 def test_a_refused_connection_is_not_retried():
     import aiohttp
 
-    client = RunnerClient("Down", f"http://127.0.0.1:{free_port()}", ServiceTokens([TOKEN]))
+    client = RunnerClient("Down", f"http://127.0.0.1:{free_port()}", ServiceTokens([TOKEN]), retry_pauses_s=(0.0,))
 
     async def work():
         try:

@@ -22,10 +22,10 @@ def dependency_url(service_name: str) -> str | None:
     return BentoMLContainer.remote_runner_mapping.get().get(service_name)
 
 
-def connect(dependency: Any, tokens: Any, *, timeout_s: float) -> Runner:
+def connect(dependency: Any, tokens: Any, *, timeout_s: float, retry_pauses_s: tuple[float, ...]) -> Runner:
     """A ``Runner`` for ``dependency`` (a ``bentoml.depends(...)`` class attribute)."""
     name = dependency.on.name
     url = dependency_url(name) or dependency.url
     if url:
-        return RunnerClient(name, url, tokens, timeout_s=timeout_s)
+        return RunnerClient(name, url, tokens, timeout_s=timeout_s, retry_pauses_s=retry_pauses_s)
     return LocalRunner(name, dependency.get())

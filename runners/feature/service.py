@@ -50,7 +50,8 @@ class FeatureRunner:
 
     def __init__(self) -> None:
         cfg = settings()
-        self.model = connect(type(self).model_runner, ServiceTokens.from_settings(cfg), timeout_s=cfg.runner_timeout_s)
+        self.model = connect(type(self).model_runner, ServiceTokens.from_settings(cfg), timeout_s=cfg.runner_timeout_s,
+                             retry_pauses_s=cfg.connection_retry_pauses_s)
         self._infer_timeout_s = cfg.model_call_timeout_s
         self._premean_enabled = cfg.premean
         self._premean_min_targets = cfg.premean_min_targets

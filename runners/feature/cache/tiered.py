@@ -219,6 +219,8 @@ def build_feature_store(
             timeout_s=settings.l2_timeout_s,
             timeout_per_key_s=settings.l2_timeout_per_key_us * 1e-6,
             write_delay_s=settings.l2_write_delay_ms / 1000,
+            write_batch_rows=settings.l2_write_batch_rows,
+            max_inflight_writes=settings.l2_max_inflight_writes,
             retry_backoff_s=settings.l2_retry_backoff_s,
             ca_file=settings.redis_ca_file,
         )
