@@ -2,13 +2,16 @@
 
     python -m bench.suite.ab [--concurrency 1] [--nodes 1] [--rounds 6] [--window 4]
                              [--variant GSAGE_X=1,GSAGE_Y=2] [--variant-model-runner]
-                             [--no-redis-side] [--baseline B1|B2|none]
+                             [--variant-code REF] [--no-redis-side] [--baseline B1|B2|none]
 
 Sides, each its own processes (split ``start-http-server``, as the suite starts them): ``app`` (the
 suite's configuration: L1 at 10% of the features, Redis for L2), ``noredis`` (the same without
 Redis), ``variant`` (the app with ``--variant``'s environment, when given) and the baseline. The
 FeatureRunner + gateway pairs share one model runner (``--variant-model-runner``: the variant
-starts its own, with its environment, for a variant that changes the model runner). Each side
+starts its own, with its environment, for a variant that changes the model runner). ``--variant-code
+REF``: the variant's three services (its own model runner too) run the product code of commit REF
+(``git archive``) while the other sides run the working tree: a change measured against the code
+before it (the same environment goes to both; older code ignores GSAGE_ names it lacks). Each side
 is warmed up, then the sides take turns in short windows (A B C, C B A, ...), so that every side meets the same background load: on
 this shared machine a separate window reads the neighbours of its own minute (a side measured
 minutes apart moved T1 by 0.4x). Prints, per side, the pooled latency, each window's P99, the
@@ -21,6 +24,7 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from bench.suite import procs
 from bench.suite.runner import HOME_100K, Suite, ensure_store, snapshot_counts
@@ -38,7 +42,8 @@ def parse_env(spec: str) -> dict[str, str]:
     return out
 
 
-def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace) -> dict[str, procs.Topology]:
+def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace,
+          variant_code: Path | None = None) -> dict[str, procs.Topology]:
     num_nodes, _ = snapshot_counts(HOME_100K)
     env = suite.app_env(redis.url, num_nodes)
     app = procs.real_app("app", HOME_100K, env, suite.logs)
@@ -46,9 +51,10 @@ def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace) -> dict[st
     out = {"app": app}
     if not args.no_redis_side:
         out["noredis"] = procs.real_app("app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model)
-    if args.variant:
+    if args.variant or variant_code is not None:
+        own_model = args.variant_model_runner or variant_code is not None
         out["variant"] = procs.real_app("app-variant", HOME_100K, {**env, **parse_env(args.variant)}, suite.logs,
-                                        model=None if args.variant_model_runner else model)
+                                        model=None if own_model else model, code_dir=variant_code)
     if args.baseline == "B1":
         out["B1"] = procs.trivial_app(HOME_100K, suite.logs)
     elif args.baseline == "B2":
@@ -61,7 +67,8 @@ def stage_means_ms(stages: dict) -> dict[str, float]:
         ("_core", "_server", "_sample", "_l1", "_l2", "_origin", "_fetch", "_l1_fill", "_assemble", "_queue", "_compute"))}
 
 
-def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Namespace) -> None:
+def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Namespace,
+        variant_code: dict | None = None) -> None:
     for name, topo in topologies.items():
         if not name.startswith("B"):  # as the suite warms its app: fills L1 and Redis
             suite.load(f"warm-up 32-node {name}", topo, nodes=32, concurrency=2, duration=6, record=False, seed=22)
@@ -70,10 +77,13 @@ def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Name
     rows = suite.paired(topologies, concurrency=args.concurrency, rounds=args.rounds, window=args.window, tags={},
                         nodes=args.nodes)
     after = {k: suite.scrape_all(t) for k, t in topologies.items()}
-    shared = "the variant has its own model runner" if args.variant_model_runner else \
+    shared = "the variant has its own model runner" if args.variant_model_runner or variant_code else \
         "the app sides share one model runner: its stages are pooled over them"
     print(f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
           f" ({shared})")
+    if variant_code:
+        print(f"variant code: {variant_code['commit'][:10]} ({variant_code['subject'][:80]}); "
+              f"the other sides: the working tree")
     for name, row in rows.items():
         windows = [round(w["p99_ms"], 1) for w in row["windows"] if w["p99_ms"] is not None]
         print(f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
@@ -97,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variant", default="", help="environment of a third side: KEY=VALUE,KEY=VALUE")
     p.add_argument("--variant-model-runner", action="store_true",
                    help="the variant starts its own model runner (with its environment) instead of sharing the app's")
+    p.add_argument("--variant-code", metavar="REF", default=None,
+                   help="the variant's services (its own model runner too) run the product code of git commit REF")
     p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
     p.add_argument("--baseline", choices=("B1", "B2", "none"), default="B1")
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gsage-ab"), help="service logs")
@@ -106,14 +118,22 @@ def main(argv: list[str] | None = None) -> None:
     if not redis_available():
         raise SystemExit("redis-server is not installed: the app sides need it for L2")
     suite = Suite(argparse.Namespace(quick=False, scale=1.0, out=args.out, code="worktree"))
+    variant_code = None
+    if args.variant_code is not None:
+        try:  # fail before starting anything
+            variant_code = procs.snapshot_ref(args.variant_code, tempfile.mkdtemp(prefix="gsage-ab-variant-code-"))
+        except ValueError as e:
+            raise SystemExit(f"--variant-code: {e}") from None
+        suite.log(f"variant code: {variant_code['commit'][:10]} ({', '.join(variant_code['dirs'])}) "
+                  f"in {variant_code['dir']}")
     procs.snapshot_code(tempfile.mkdtemp(prefix="gsage-ab-code-"), "worktree")
     ensure_store(HOME_100K, [], suite.log)
     redis = RedisServer(os.path.join(suite.logs, "redis")).start()
     topologies: dict[str, procs.Topology] = {}
     try:
-        topologies = sides(suite, redis, args)
+        topologies = sides(suite, redis, args, Path(variant_code["dir"]) if variant_code else None)
         suite.start(*topologies.values())
-        run(suite, topologies, args)
+        run(suite, topologies, args, variant_code)
     finally:
         for topo in topologies.values():
             topo.stop()

@@ -23,7 +23,8 @@ from harness.app import free_port, private_home
 ROOT = Path(__file__).resolve().parents[2]
 # Where the services run from (their cwd, so their imports): the checkout, or a snapshot of it
 # taken at the start of the run (``snapshot_code``) so that edits made while the suite runs do
-# not change the code under test half-way.
+# not change the code under test half-way. The default of every Proc; one may run other code
+# (``Proc(code_dir=...)``, ``snapshot_ref``: an older commit beside the working tree).
 CODE_DIR = ROOT
 PRODUCT_DIRS = ("common", "services", "runners", "training_export")
 SNAPSHOT_DIRS = (*PRODUCT_DIRS, "harness", "bench", "tests")
@@ -40,9 +41,7 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
     last commit for the product code (``PRODUCT_DIRS``; harness/, bench/ and tests/ from disk). Returns
     the provenance recorded in the results."""
     global CODE_DIR
-    if os.path.isdir(dest):
-        shutil.rmtree(dest)
-    os.makedirs(dest)
+    _fresh(dest)
     files = _git("ls-files", "-co", "--exclude-standard", "--", *SNAPSHOT_DIRS).split("\n")
     files = [f for f in files if f and not f.startswith("bench/results/")]
     if mode == "head":
@@ -55,10 +54,7 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
         if src.is_file():
             os.makedirs(os.path.join(dest, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(src, os.path.join(dest, rel))
-    grpc = ROOT / "services" / "grpc_gen"
-    if grpc.is_dir() and not os.path.exists(os.path.join(dest, "services", "grpc_gen")):
-        shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    _copy_grpc_stubs(dest)
     CODE_DIR = Path(dest)
     dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", *PRODUCT_DIRS)
              .splitlines() if ln.strip()]
@@ -66,6 +62,42 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
             "git_head_subject": _git("log", "-1", "--format=%s").strip(),
             "uncommitted_in_code": dirty if mode == "worktree" else [],
             "uncommitted_ignored": dirty if mode == "head" else [], "dir": dest}
+
+
+def snapshot_ref(ref: str, dest: str) -> dict:
+    """The product code of commit ``ref`` in ``dest``, for a Proc's ``code_dir`` (CODE_DIR is left
+    alone): ``git archive`` of those of ``PRODUCT_DIRS`` that ``ref`` has (the layout changed over
+    time), plus the generated gRPC stubs of the checkout (gitignored). Raises ValueError on an
+    unknown ref. Returns its provenance."""
+    commit = _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
+    if not commit:
+        raise ValueError(f"not a commit: {ref!r}")
+    present = set(_git("ls-tree", "--name-only", commit).split())
+    dirs = [d for d in PRODUCT_DIRS if d in present]
+    if not dirs:
+        raise ValueError(f"{ref} has none of {PRODUCT_DIRS}")
+    _fresh(dest)
+    archive = subprocess.run(["git", "archive", commit, *dirs], cwd=ROOT, capture_output=True, timeout=60,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True, timeout=60)
+    _copy_grpc_stubs(dest)
+    return {"ref": ref, "commit": commit, "subject": _git("log", "-1", "--format=%s", commit).strip(),
+            "dirs": dirs, "dir": dest}
+
+
+def _fresh(dest: str) -> None:
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    os.makedirs(dest)
+
+
+def _copy_grpc_stubs(dest: str) -> None:
+    grpc = ROOT / "services" / "grpc_gen"
+    if grpc.is_dir() and not os.path.exists(os.path.join(dest, "services", "grpc_gen")):
+        shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+
 START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
 APP = "services.gateway:Gateway"
 TRIVIAL = "bench.suite.trivial_services:TrivialGateway"
@@ -76,8 +108,10 @@ class Proc:
     """One BentoML service (arbiter + workers) on a free loopback port."""
 
     def __init__(self, target: str, name: str, home: str, env: dict[str, str], log_dir: str,
-                 depends: dict[str, str] | None = None, workers: int = 1, label: str | None = None) -> None:
+                 depends: dict[str, str] | None = None, workers: int = 1, label: str | None = None,
+                 code_dir: Path | None = None) -> None:
         self.target, self.name, self.home, self.env = target, name, home, env
+        self.code_dir = code_dir  # its cwd (so its imports); None: CODE_DIR at launch
         self.depends = depends or {}
         self.workers = workers
         self.label = label or name
@@ -99,8 +133,8 @@ class Proc:
         for dep, url in self.depends.items():
             cmd += ["--depends", f"{dep}={url}"]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=CODE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, cwd=self.code_dir or CODE_DIR, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, wait_s: float = 120.0) -> None:
         deadline = time.monotonic() + wait_s
@@ -209,17 +243,19 @@ class Topology:
         return {k: s.memory() for k, s in self.services.items()}
 
 
-def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None) -> Topology:
+def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None,
+             code_dir: Path | None = None) -> Topology:
     """Gateway -> FeatureRunner -> GraphSAGERunner (the gateway also calls the model runner for
     its admin calls). A given ``model`` is shared with (and owned by) another topology: a second
-    FeatureRunner + gateway try another configuration in front of one model runner."""
+    FeatureRunner + gateway try another configuration in front of one model runner. ``code_dir``:
+    the code the services it starts run (default CODE_DIR)."""
     shared = frozenset({"model"}) if model is not None else frozenset()
     if model is None:
-        model = Proc(APP, "GraphSAGERunner", home, env, log_dir, label=f"{name}-model")
+        model = Proc(APP, "GraphSAGERunner", home, env, log_dir, label=f"{name}-model", code_dir=code_dir)
     feature = Proc(APP, "FeatureRunner", home, env, log_dir, label=f"{name}-feature",
-                   depends={"GraphSAGERunner": model.url})
+                   depends={"GraphSAGERunner": model.url}, code_dir=code_dir)
     gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway",
-                   depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url})
+                   depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url}, code_dir=code_dir)
     return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
 
 
