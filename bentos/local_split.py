@@ -44,12 +44,13 @@ from pathlib import Path
 import psutil
 import yaml
 
+from common.bento.launch import START_HTTP_SERVER
 from common.service_auth import TOKENS_ENV, ensure_shared_token
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "split.json"
 CONFIG_OVERRIDES = "BENTOML_CONFIG_OVERRIDES"
-START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
+START = START_HTTP_SERVER  # one service of the bento, as the image's entrypoint starts it
 
 
 @dataclass
@@ -200,7 +201,7 @@ class SplitDeployment:
 
     def command(self, p: Proc) -> list[str]:
         """The image's own entrypoint with the arguments a container gets; it appends
-        ``$BENTO_PATH`` and execs ``python -m bentoml_cli._internal.start start-http-server``
+        ``$BENTO_PATH`` and execs BentoML's ``start-http-server`` (``common.bento.launch``)
         (same PID). ``--api-workers`` is passed as the container would, though BentoML 1.4.40
         ignores it for new-style services (``workers`` comes from BENTOML_CONFIG_OVERRIDES)."""
         args = ["start-http-server", "--service-name", p.name, "--host", self.host, "--port", str(p.port),

@@ -73,9 +73,9 @@ def resolve_model(tag: str) -> str:
 
 
 def _store_dir() -> str:
-    from bentoml._internal.configuration.containers import BentoMLContainer
+    from common.bento.store import model_store_dir
 
-    return str(BentoMLContainer.model_store_dir.get())
+    return model_store_dir()
 
 
 def resolve_config(config: dict[str, Any], models: list[str] | None = None) -> dict[str, Any]:
@@ -161,35 +161,13 @@ def build(bentofile: Path = BENTOFILE, models: list[str] | None = None, version:
     return found.group(1)
 
 
-def _get_bento(tag_or_path: str | None):
-    import bentoml
-    from bentoml._internal.bento import Bento
-
-    if tag_or_path and os.path.isdir(tag_or_path):
-        return Bento.from_path(os.path.abspath(tag_or_path))
-    return bentoml.bentos.get(tag_or_path or "graphsage-serving:latest")
-
-
 @contextlib.contextmanager
 def containerfile(tag_or_path: str | None, enable_buildkit: bool = True) -> Iterator[tuple[str, str]]:
-    """BentoML's own build context (bento + models resolved from the model store + Dockerfile)
-    in a temporary directory: ``(context_dir, dockerfile)``.
+    """BentoML's own build context for a bento (``common.bento.release.containerfile``)."""
+    from common.bento.release import containerfile as bento_containerfile, load_bento
 
-    BentoML 1.4.40's ``construct_containerfile`` refuses a bento's ``dockerfile_template`` unless
-    the temporary context lies under the current directory (``resolve_user_filepath(secure=
-    True)``), which also breaks a plain ``bentoml containerize`` run from a project directory; it
-    is called here from the temporary directory's parent."""
-    from bentoml._internal.container import construct_containerfile
-
-    bento = _get_bento(tag_or_path)
-    prev = os.getcwd()
-    os.chdir(tempfile.gettempdir())
-    try:
-        with construct_containerfile(bento, enable_buildkit=enable_buildkit, add_header=True) as (ctx, dockerfile):
-            os.chdir(prev)
-            yield ctx, dockerfile
-    finally:
-        os.chdir(prev)
+    with bento_containerfile(load_bento(tag_or_path), enable_buildkit) as built:
+        yield built
 
 
 def make_context(tag_or_path: str | None, out: Path, enable_buildkit: bool = True, force: bool = False) -> Path:
@@ -215,15 +193,11 @@ def builder_commands(ctx: Path, image: str) -> list[str]:
 
 def containerize(tag: str | None, image: str | None, backend: str, out: Path) -> int:
     """``bentoml containerize`` when the backend's daemon answers; otherwise the context."""
-    from bentoml._internal.container import get_backend
+    from common.bento.release import backend_available, load_bento
 
-    bento = _get_bento(tag)
+    bento = load_bento(tag)
     image = image or str(bento.tag)
-    try:
-        healthy = get_backend(backend).health()
-    except Exception:  # noqa: BLE001 - a missing binary is "not available"
-        healthy = False
-    if healthy:
+    if backend_available(backend):
         # From the temp dir's parent: see containerfile() for the dockerfile_template check.
         cmd = [sys.executable, "-m", "bentoml", "containerize", str(bento.tag), "--backend", backend, "-t", image]
         _say("$ " + " ".join(cmd))

@@ -9,32 +9,10 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import orjson
-from bentoml.validators import ContentType
-
-# The return type of a BentoML API that answers with these bytes. The declared media type spares
-# BentoML a pydantic JSON-schema build per response to find one (2% of the model runner's CPU).
-BinaryBody = Annotated[bytes, ContentType("application/octet-stream")]
-
-
-def take_raw_body(service: Any, api: str) -> None:
-    """Let ``service``'s API ``api`` (one positional-only ``BinaryBody`` argument) take the request
-    body as it arrived. BentoML 1.4 otherwise builds the argument's JSON schema and runs pydantic
-    over the body on every call: 0.71 ms for a 1.8 MB FeatureTensor (0.29 ms of it the schema),
-    where the body is the bytes already."""
-    spec = service.apis[api].input_spec
-    if not getattr(spec, "__root_input__", False) or spec.model_json_schema().get("format") != "binary":
-        raise TypeError(f"{api} must take a single positional-only bytes argument")
-
-    def model_validate_json(cls: Any, json_data: bytes | bytearray | str, **_: Any) -> Any:
-        data = json_data.encode() if isinstance(json_data, str) else bytes(json_data)
-        return cls.model_construct(root=data)
-
-    spec.model_validate_json = classmethod(model_validate_json)
-
 
 MAGIC = b"GSW1"
 _ALIGN = 8

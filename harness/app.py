@@ -20,13 +20,14 @@ import httpx
 import psutil
 
 from bentos.local_split import stop_process_tree
+from common.bento.launch import START_HTTP_SERVER
 from common.service_auth import ServiceTokens, ensure_shared_token
 from common.settings import load_settings
 from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "services.gateway:Gateway"
-START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
+START = START_HTTP_SERVER  # one service of the bento, as the image's entrypoint starts it
 
 
 def run_export(home: str, *args: str) -> dict:

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from common import predict_request
 from common.bento import timeout_fix
+from common.bento.logs import quiet_client_errors
 from common.bento.dependencies import connect
 from common.bento.direct_api import JSON, DirectApi, ServiceInstance, answers_errors
 from common.breaker import CircuitBreaker
@@ -40,6 +41,7 @@ from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+quiet_client_errors()  # a caller's bad input is not logged as the gateway's error
 ensure_shared_token()  # before BentoML starts the runners, which must share it
 
 log = logging.getLogger("graphsage.gateway")

@@ -10,37 +10,11 @@ from typing import Iterator
 import pytest
 
 
-@contextlib.contextmanager
-def bentoml_home(home: str) -> Iterator[str]:
-    """Point this process's BentoML model and bento stores at ``home`` while the block runs.
+def bentoml_home(home: str):
+    """This process's model and bento stores under ``home`` while the block runs."""
+    from common.bento.store import use_home
 
-    Setting ``BENTOML_HOME`` alone is not enough: BentoML resolves the home and the stores once
-    per process and caches them (simple_di singletons), so the providers are overridden too and
-    reset afterwards.
-    """
-    from bentoml._internal.bento import BentoStore
-    from bentoml._internal.configuration.containers import BentoMLContainer
-    from bentoml._internal.models import ModelStore
-
-    dirs = {name: os.path.join(home, name) for name in ("models", "bentos", "envs", "tmp")}
-    for path in dirs.values():
-        os.makedirs(path, exist_ok=True)
-    c = BentoMLContainer
-    overrides = [
-        (c.bentoml_home, home),
-        (c.model_store_dir, dirs["models"]),
-        (c.model_store, ModelStore(dirs["models"])),
-        (c.bento_store_dir, dirs["bentos"]),
-        (c.bento_store, BentoStore(dirs["bentos"])),
-        (c.tmp_bento_store_dir, dirs["tmp"]),
-        (c.tmp_bento_store, BentoStore(dirs["tmp"])),
-        (c.env_store_dir, dirs["envs"]),
-    ]
-    # patch() restores whatever override was there before, so these can nest.
-    with contextlib.ExitStack() as stack:
-        for provider, value in overrides:
-            stack.enter_context(provider.patch(value))
-        yield home
+    return use_home(home)
 
 
 @pytest.fixture

@@ -180,26 +180,6 @@ def test_envelope_round_trip_and_rejections():
             wire.open_envelope(bad)
 
 
-def test_a_raw_body_api_takes_the_body_as_it_arrived():
-    import bentoml
-
-    from runners.graphsage.service import GraphSAGERunner
-
-    spec = GraphSAGERunner.apis["infer"].input_spec
-    body = wire.envelope({"model": "graphsage:v1"}, b"GSW1")
-    assert spec.model_validate_json(body).root is body
-    assert spec.model_validate_json(bytearray(body)).root == body
-
-    @bentoml.service
-    class Typed:
-        @bentoml.api
-        async def call(self, tensor: bytes, model: str = "x") -> bytes:
-            return tensor
-
-    with pytest.raises(TypeError, match="positional-only bytes"):
-        wire.take_raw_body(Typed, "call")
-
-
 @pytest.mark.parametrize("fanout", [(25, 10), (4, 3), (4, 3, 2)])
 @pytest.mark.parametrize("per_target_seeds", [False, True])
 def test_premean_tree_is_the_layout_of_the_fully_sampled_tree_byte_for_byte(fanout, per_target_seeds):

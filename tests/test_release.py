@@ -19,6 +19,7 @@ import psutil
 import pytest
 import yaml
 
+from common.bento.launch import START_HTTP_SERVER, WORKER_MODULE
 from harness.app import ROOT, build_demo_store, free_port
 
 K8S_DIR = ROOT / "bentos" / "k8s"
@@ -125,10 +126,10 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
             proc = psutil.Process(p.pid)
             assert Path(proc.cwd()) == ctx / "src"
             cmd = proc.cmdline()  # the entrypoint exec'd start-http-server, same PID
-            assert cmd[1:4] == ["-m", "bentoml_cli._internal.start", "start-http-server"] and cmd[-1] == str(ctx), cmd
+            assert cmd[1:] == [*START_HTTP_SERVER[1:], *cmd[len(START_HTTP_SERVER):-1], str(ctx)], cmd
             pids += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
         workers = [c for c in psutil.Process(dep.model.pid).children(recursive=True)
-                   if "_bentoml_impl.worker.service" in " ".join(c.cmdline())]
+                   if WORKER_MODULE in " ".join(c.cmdline())]
         assert len(workers) == 2, [c.cmdline() for c in workers]
         assert not (tmp_path / "split" / "home-GraphSAGERunner" / "models" / "graphsage").exists()
         probe = subprocess.run([sys.executable, "-c", "import services.gateway as g; print(g.__file__)"],
@@ -449,20 +450,17 @@ def test_k8s_service_token_and_tls_secrets():
 
 
 def test_bentocloud_config_matches_the_deployment_schema():
-    import attr
-    from bentoml._internal.cloud.schemas.modelschemas import DeploymentServiceConfig, DeploymentTargetHPAConf, HPAPolicy
-    from bentoml._internal.cloud.schemas.schemasv2 import CreateDeploymentSchema
-    from bentoml._internal.utils.cattr import bentoml_cattr
+    from common.bento.release import deployment_schema_fields, structure_deployment
 
+    allowed = deployment_schema_fields()
     cfg = yaml.safe_load((ROOT / "bentos" / "bentocloud.yaml").read_text())
-    fields = lambda cls: {f.name for f in attr.fields(cls)}  # noqa: E731
-    assert set(cfg) <= fields(CreateDeploymentSchema) | {"cluster"}
+    assert set(cfg) <= allowed["deployment"] | {"cluster"}
     assert set(cfg["services"]) == {"Gateway", "FeatureRunner", "GraphSAGERunner"}
     for svc in cfg["services"].values():
-        assert set(svc) <= fields(DeploymentServiceConfig), svc
-        assert set(svc["scaling"]) <= fields(DeploymentTargetHPAConf)
-        assert set(svc["scaling"].get("policy", {})) <= fields(HPAPolicy)
-    schema = bentoml_cattr.structure(cfg, CreateDeploymentSchema)
+        assert set(svc) <= allowed["service"], svc
+        assert set(svc["scaling"]) <= allowed["scaling"]
+        assert set(svc["scaling"].get("policy", {})) <= allowed["policy"]
+    schema = structure_deployment(cfg)
     gpu = schema.services["GraphSAGERunner"]
     assert gpu.instance_type.startswith("gpu.") and gpu.scaling.policy.metrics[0].type == "gpu"
     assert schema.services["Gateway"].config_overrides["traffic"]["concurrency"] > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from common.bento.launch import START_HTTP_SERVER
 from common.settings import SettingsError, load_settings, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,8 +92,7 @@ def test_a_bad_setting_stops_the_start_with_its_name(tmp_path):
     """A service started with a bad value exits at once, and its output names the variable."""
     env = {**os.environ, "BENTOML_HOME": str(tmp_path), "BENTOML_DO_NOT_TRACK": "true",
            "GSAGE_COALESCE_MAX_INFLIGHT": "0"}
-    out = subprocess.run([sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server",
-                          "services.gateway:Gateway", "--service-name", "GraphSAGERunner", "--port", "0"],
+    out = subprocess.run([*START_HTTP_SERVER, "services.gateway:Gateway", "--service-name", "GraphSAGERunner", "--port", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "GSAGE_COALESCE_MAX_INFLIGHT='0': Input should be greater than or equal to 1" in out.stdout + out.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from common.bento.launch import START_HTTP_SERVER
 from common.service_auth import ensure_shared_token
 from harness.app import free_port, private_home
 
@@ -98,7 +99,7 @@ def _copy_grpc_stubs(dest: str) -> None:
                         ignore=shutil.ignore_patterns("__pycache__"))
 
 
-START = [sys.executable, "-m", "bentoml_cli._internal.start", "start-http-server"]
+START = START_HTTP_SERVER  # one service of the bento, as the image's entrypoint starts it
 APP = "services.gateway:Gateway"
 TRIVIAL = "bench.suite.trivial_services:TrivialGateway"
 TRIVIAL_SINGLE = "bench.suite.trivial_services:TrivialSingle"

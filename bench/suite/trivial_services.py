@@ -26,7 +26,7 @@ import numpy as np
 from common.bento import timeout_fix as bentoml_timeout_fix
 
 from common import settings as config
-from common.wire import BinaryBody, take_raw_body
+from common.bento.direct_api import BinaryBody
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
@@ -45,7 +45,6 @@ class TrivialModel:
         return tensor
 
 
-take_raw_body(TrivialModel, "infer")  # as the app's GraphSAGERunner
 
 
 @bentoml.service(name="TrivialFeature", **RUNNER_OPTIONS)
@@ -60,7 +59,6 @@ class TrivialFeature:
         return await self.model.to_async.infer(struct.pack("<I", len(request) // 8))
 
 
-take_raw_body(TrivialFeature, "predict")  # as the app's FeatureRunner
 
 
 def _answer(node_ids: list[int]) -> dict:

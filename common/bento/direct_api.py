@@ -25,8 +25,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
+from bentoml.validators import ContentType
 from pydantic import ValidationError
 
 from common.errors import ApiError, error_response, send_error
@@ -41,6 +42,9 @@ Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 UNEXPECTED = "An unexpected error has occurred, please check the server log."
+# The type of an API's raw binary body and answer (``common.wire`` bytes). The declared media type
+# spares BentoML a pydantic JSON-schema build per response to find one.
+BinaryBody = Annotated[bytes, ContentType("application/octet-stream")]
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 

@@ -21,8 +21,9 @@ import numpy as np
 
 from common import predict_request, wire
 from common.bento import timeout_fix
+from common.bento.logs import quiet_client_errors
 from common.bento.dependencies import connect
-from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance, answers_errors
+from common.bento.direct_api import OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher
 from common.errors import ApiError
 from common.feature_tensor import PREMEAN, FeatureTensor, encode
@@ -30,7 +31,6 @@ from common.metrics import labelled
 from common.remote import UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason
 from common.service_auth import ServiceGuard, ServiceTokens, ensure_shared_token
 from common.settings import runner_service_options, settings
-from common.wire import BinaryBody, take_raw_body
 from runners.feature.cache.tiered import build_feature_store
 from runners.feature.metrics import feature_metrics
 from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
@@ -38,6 +38,7 @@ from runners.feature.snapshot import load_snapshot
 from runners.graphsage.service import GraphSAGERunner
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+quiet_client_errors()  # a caller's bad input is not logged as this service's error
 ensure_shared_token()  # before BentoML starts any process that must share it
 
 log = logging.getLogger("graphsage.feature")
@@ -196,7 +197,6 @@ class FeatureRunner:
                 "batches": vars(self.batcher.stats)}
 
 
-take_raw_body(FeatureRunner, "predict")
 FeatureRunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
 if settings().direct_api:
     FeatureRunner.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_body"), OCTET_STREAM)},

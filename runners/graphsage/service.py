@@ -23,19 +23,20 @@ import bentoml
 
 from common import wire
 from common.bento import timeout_fix
-from common.bento.direct_api import OCTET_STREAM, DirectApi, ServiceInstance, answers_errors
+from common.bento.logs import quiet_client_errors
+from common.bento.direct_api import OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher, BatchStats
 from common.errors import ApiError
 from common.feature_tensor import FeatureTensorError, decode
 from common.metrics import labelled
 from common.service_auth import ServiceGuard, ensure_shared_token
 from common.settings import runner_service_options, settings
-from common.wire import BinaryBody
 from runners.graphsage.inference import (IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion,
                                          check_compatible, run_batch)
 from runners.graphsage.metrics import model_metrics
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+quiet_client_errors()  # a caller's bad input is not logged as this service's error
 ensure_shared_token()  # before BentoML starts any process that must share it
 
 log = logging.getLogger("graphsage.model")
@@ -128,7 +129,6 @@ class GraphSAGERunner:
         return {"loaded": self.registry.loaded(), "batches": vars(self.batcher.stats)}
 
 
-wire.take_raw_body(GraphSAGERunner, "infer")
 GraphSAGERunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
 if settings().direct_api:
     GraphSAGERunner.add_asgi_middleware(DirectApi, routes={"/infer": (_instance.handler("infer_body"), OCTET_STREAM)},
