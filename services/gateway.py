@@ -211,3 +211,10 @@ if settings().direct_api:  # inside HttpGuard: auth and rate limits come first
     Gateway.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_json"), JSON)},
                                 server_name="Gateway")
 
+# /docs.json: BentoML's document declared OpenAPI 3.1 (what its pydantic schemas are), plus the
+# plain route it cannot see (common.bento.openapi).
+from common.bento.openapi import docs_route, json_get  # noqa: E402
+
+admin_app.router.routes.append(docs_route(Gateway, {"/models": json_get(
+    "Gateway__models", "The routing table and what each runner has loaded (scope ``predict``).",
+    {"type": "object", "properties": {"routing": {"type": "object"}}, "required": ["routing"]})}))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -12,7 +12,36 @@ Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.
 Version = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$")]
 
 
-class PredictRequest(BaseModel):
+def _nullable_as_type_list(schema: dict[str, Any]) -> None:
+    """Spell each optional property ``{"type": [T, "null"], ...}`` instead of pydantic's
+    ``{"anyOf": [{"type": T, ...}, {"type": "null"}]}`` (the same JSON Schema 2020-12 meaning).
+
+    BentoML 1.4 flattens ``anyOf`` to its first member wherever it inlines a schema
+    (``_bentoml_sdk.method._flatten_field``: ``/schema.json`` and the OpenAPI request and response
+    bodies), so the ``null`` was lost there: BentoML's own client then decoded a ``null`` ``labels``
+    or ``embedding`` as an array (``_bentoml_impl.serde.GenericSerde._decode`` iterates every
+    ``type: array``) and raised, and the document put ``default: null`` on a plain string. With the
+    type list nothing is left to flatten, and that decoder passes the value through unchanged.
+    A type list is OpenAPI 3.1, the version ``common.bento.openapi`` declares for ``/docs.json``.
+    """
+    for name, prop in schema.get("properties", {}).items():
+        variants = prop.get("anyOf")
+        if not variants or len(variants) != 2 or {"type": "null"} not in variants:
+            continue
+        inner = next(v for v in variants if v != {"type": "null"})
+        # A $ref, an enum or a union has no single type to extend: left as pydantic wrote it.
+        if not isinstance(inner.get("type"), str) or "enum" in inner or "const" in inner:
+            continue
+        rest = {k: v for k, v in prop.items() if k != "anyOf"}
+        schema["properties"][name] = {**inner, "type": [inner["type"], "null"], **rest}
+
+
+class _Model(BaseModel):
+    # Inherited by BentoML's IODescriptor subclasses of these models, which build its schemas.
+    model_config = ConfigDict(json_schema_extra=_nullable_as_type_list)
+
+
+class PredictRequest(_Model):
     model_config = ConfigDict(extra="forbid")
 
     node_ids: list[NodeId] = Field(min_length=1, description="Target node ids (duplicates allowed).")
@@ -26,7 +55,7 @@ class PredictRequest(BaseModel):
     embedding: StrictBool = Field(False, description="Also return each node's final embedding.")
 
 
-class NodePrediction(BaseModel):
+class NodePrediction(_Model):
     node_id: int
     label: int | None = Field(None, description="Arg-max class (multiclass), or null when degraded without a cached answer.")
     labels: list[int] | None = Field(None, description="Classes with probability >= 0.5 (multilabel).")
@@ -36,19 +65,19 @@ class NodePrediction(BaseModel):
     stale: bool = Field(False, description="A cached earlier answer served while a runner is down.")
 
 
-class PredictResponse(BaseModel):
+class PredictResponse(_Model):
     model: str = Field(description="The exact graphsage:<version> that answered.")
     degraded: bool = False
     degraded_reason: str | None = None
     predictions: list[NodePrediction]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(_Model):
     error: str
     status: int
 
 
-class RoutingChange(BaseModel):
+class RoutingChange(_Model):
     model_config = ConfigDict(extra="forbid")
 
     action: Literal["set_weights", "promote", "rollback"]
