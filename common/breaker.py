@@ -60,16 +60,21 @@ class CircuitBreaker:
         reset_s: float = 2.0,
         *,
         probe_timeout_s: float | None = None,
+        max_reset_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_state_change: Callable[[str, BreakerState, BreakerState], None] | None = None,
     ) -> None:
+        """``max_reset_s``: each failed probe doubles the time the breaker stays open, up to
+        this (None: always ``reset_s``); closing resets it."""
         if failures < 1:
             raise ValueError(f"failures must be >= 1, got {failures}")
         if reset_s < 0:
             raise ValueError(f"reset_s must be >= 0, got {reset_s}")
         self.name = name
         self.failure_threshold = failures
-        self.reset_s = reset_s
+        self.base_reset_s = reset_s
+        self.max_reset_s = reset_s if max_reset_s is None else max(reset_s, max_reset_s)
+        self.reset_s = reset_s  # the current open time
         self.probe_timeout_s = reset_s if probe_timeout_s is None else probe_timeout_s
         self._clock = clock
         self._on_state_change = on_state_change
@@ -115,8 +120,12 @@ class CircuitBreaker:
     def _transition(self, new: BreakerState) -> None:
         old, self._state = self._state, new
         if new is BreakerState.OPEN:
+            if old is BreakerState.HALF_OPEN:  # a failed probe: the dependency is still down
+                self.reset_s = min(2 * self.reset_s, self.max_reset_s)
             self._opened_at = self._clock()
             self.opened_total += 1
+        elif new is BreakerState.CLOSED:
+            self.reset_s = self.base_reset_s
         if new is not BreakerState.HALF_OPEN:
             self._probe_started = None
         if old is not new:

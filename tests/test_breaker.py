@@ -173,3 +173,21 @@ def test_from_settings_and_validation():
     assert (b.failure_threshold, b.reset_s) == (7, 0.5)
     with pytest.raises(ValueError):
         CircuitBreaker("x", failures=0)
+
+
+def test_each_failed_probe_doubles_the_open_time_up_to_its_cap_and_closing_resets_it():
+    clock = FakeClock()
+    b = CircuitBreaker("redis", failures=1, reset_s=1.0, max_reset_s=3.0, clock=clock)
+    b.record_failure()
+    assert b.state is BreakerState.OPEN and b.retry_after_s() == 1.0
+    for expected in (2.0, 3.0, 3.0):  # doubled, then capped
+        clock.advance(b.reset_s)
+        assert b.allow()  # the probe
+        b.record_failure()
+        assert b.state is BreakerState.OPEN and b.retry_after_s() == expected
+    clock.advance(b.reset_s)
+    assert b.allow()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED and b.reset_s == 1.0
+    b.record_failure()
+    assert b.retry_after_s() == 1.0

@@ -66,6 +66,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import ClusterDownError, ResponseError, TryAgainError
 
+from common.breaker import BreakerState, CircuitBreaker
 from common.redis_client import make_client
 
 from .base import ROW_DTYPE, all_missed, as_ids
@@ -155,11 +156,9 @@ class RedisFeatureLevel:
         self.max_backoff_s = max_backoff_s if max_backoff_s is not None else 8 * retry_backoff_s
         self.max_inflight_writes = max_inflight_writes
         self._clock = clock
-        # Circuit state: closed while _failures == 0.
-        self._failures = 0
-        self._backoff = 0.0
-        self._open_until = 0.0
-        self._probing = False
+        # One failure opens it; each failed probe doubles the wait, up to max_backoff_s.
+        self.breaker = CircuitBreaker("redis-l2", failures=1, reset_s=retry_backoff_s, max_reset_s=self.max_backoff_s,
+                                      probe_timeout_s=max(retry_backoff_s, self.write_timeout_s), clock=clock)
         self._writes: set[asyncio.Task[None]] = set()
         self.write_delay_s = write_delay_s
         self.write_batch_rows = write_batch_rows
@@ -217,7 +216,7 @@ class RedisFeatureLevel:
             async with asyncio.timeout(self.read_deadline_s(n)):
                 values = await self._read(ids)
         except asyncio.CancelledError:
-            self._probing = False  # a cancelled probe must not wedge the circuit half-open
+            self.breaker.release_probe()  # a cancelled probe must not wedge the circuit half-open
             raise
         except Exception as exc:  # noqa: BLE001 - any backend fault degrades to a miss
             self._on_failure(exc, "get")
@@ -329,7 +328,7 @@ class RedisFeatureLevel:
             async with asyncio.timeout(self.write_timeout_s):
                 await self._write(self._keys(ids), [view[o : o + rb] for o in range(0, n * rb, rb)])
         except asyncio.CancelledError:
-            self._probing = False
+            self.breaker.release_probe()
             raise
         except Exception as exc:  # noqa: BLE001
             self._on_failure(exc, "put")
@@ -376,7 +375,7 @@ class RedisFeatureLevel:
         n = int(np.size(ids))
         if n == 0:
             return
-        if self._failures and self._clock() < self._open_until:
+        if self.breaker.state is BreakerState.OPEN:
             self.skipped += 1
             self.writes_dropped += n
             return
@@ -420,12 +419,10 @@ class RedisFeatureLevel:
 
     async def _admit(self) -> bool:
         """True when this call may touch Redis: circuit closed, or it is the one probe."""
-        if self._failures == 0:
-            return True
-        if self._probing or self._clock() < self._open_until:
+        probe = self.breaker.state is not BreakerState.CLOSED
+        if not self.breaker.allow():
             return False
-        self._probing = True
-        if self.cluster:
+        if probe and self.cluster:
             # Forget the slot map and connections: the probe re-discovers the topology.
             try:
                 await self._client.aclose()
@@ -435,30 +432,21 @@ class RedisFeatureLevel:
 
     def _on_failure(self, exc: BaseException, op: str) -> None:
         self.errors += 1
-        now = self._clock()
-        if not self._probing and self._failures and now < self._open_until:
-            return  # a concurrent call already opened the circuit for this outage
-        self._probing = False
-        self._failures += 1
-        self._backoff = (
-            self.retry_backoff_s
-            if self._failures == 1
-            else min(2 * self._backoff, self.max_backoff_s)
-        )
-        self._open_until = now + self._backoff
-        level = logging.WARNING if self._failures == 1 else logging.DEBUG
-        log.log(level, "L2 %s failed (%s: %s); bypassing Redis for %.2fs",
-                op, type(exc).__name__, exc, self._backoff)
+        opened = self.breaker.opened_total
+        self.breaker.record_failure()
+        if self.breaker.opened_total != opened:  # this failure opened it (late ones are ignored)
+            level = logging.WARNING if self.breaker.reset_s == self.breaker.base_reset_s else logging.DEBUG
+            log.log(level, "L2 %s failed (%s: %s); bypassing Redis for %.2fs",
+                    op, type(exc).__name__, exc, self.breaker.reset_s)
 
     def _on_success(self) -> None:
-        if self._failures:
-            log.info("L2 reachable again after %d failed attempts", self._failures)
-        self._failures = 0
-        self._probing = False
+        if self.breaker.state is not BreakerState.CLOSED:
+            log.info("L2 reachable again after %d openings of its circuit", self.breaker.opened_total)
+        self.breaker.record_success()
 
     @property
     def circuit_open(self) -> bool:
-        return self._failures > 0
+        return self.breaker.state is not BreakerState.CLOSED
 
     # -- misc ----------------------------------------------------------------------------------
 
