@@ -169,7 +169,7 @@ async def _service(loaded: LoadedModel, blobs: list[bytes], max_batch: int, dela
             try:
                 ft = decode(blob)  # what GraphSAGERunner.infer does per request
                 check_compatible(loaded, ft)
-                result = await batcher.submit(InferenceItem(loaded.artifacts.tag, ft))
+                result = await batcher.submit(InferenceItem(loaded.artifacts.tag, ft, loaded=loaded))
                 wire.pack({k: result[k] for k in ("logits", "probs")},
                           {k: result[k] for k in ("model", "backend", "task")})
             except Exception:  # noqa: BLE001 - counted, never raised

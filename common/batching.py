@@ -81,12 +81,14 @@ class AdaptiveBatcher(Generic[T, R]):
         self._queued_units = 0
         self._changed = asyncio.Event()  # an item queued or a batch done: a waiting partial batch looks again
         self._running: set[asyncio.Task[None]] = set()
+        self._collecting: list[tuple[T, asyncio.Future[R], float]] = []  # taken off the queue, not yet dispatched
 
     async def submit(self, item: T) -> R:
         if self.max_delay_s <= 0 and self._queue.empty() and self._in_flight == 0:
             return await self._run_alone(item)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run())
+            self._worker.add_done_callback(self._worker_stopped)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queued_units += self.size_of(item)
         await self._queue.put((item, future, time.perf_counter()))
@@ -121,10 +123,26 @@ class AdaptiveBatcher(Generic[T, R]):
         self._queued_units -= self.size_of(entry[0])
         return entry
 
+    def _worker_stopped(self, worker: asyncio.Task[None]) -> None:
+        """The worker ended (a bug, or cancelled): fail every caller it would have served now,
+        rather than leave them to their timeouts; the next ``submit`` starts a new worker."""
+        reason = "cancelled" if worker.cancelled() else repr(worker.exception())
+        error = RuntimeError(f"batcher stopped ({reason}); the request was not run")
+        waiting = self._collecting
+        self._collecting = []
+        while not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        self._queued_units = 0
+        for _, fut, _ in waiting:
+            if not fut.done():
+                fut.set_exception(error)
+        if self._in_flight > len(self._running_units):  # a slot taken by the collection that died
+            self._release_slot()
+
     async def _collect(self) -> list[tuple[T, asyncio.Future[R], float]]:
         first = self._dequeued(await self._queue.get())
+        batch = self._collecting = [first]
         await self._take_slot()  # everything that queued while all slots were busy joins below
-        batch = [first]
         units = self.size_of(batch[0][0])
         while self._in_flight > 1 and units + self._queued_units < self._overlap_units():
             self._changed.clear()  # another batch runs and this one is too small: wait for either to change
@@ -166,6 +184,7 @@ class AdaptiveBatcher(Generic[T, R]):
     async def _run(self) -> None:
         while True:
             batch = await self._collect()
+            self._collecting = []
             live = [(item, fut, t) for item, fut, t in batch if not fut.cancelled()]
             if not live:
                 self._release_slot()

@@ -110,6 +110,8 @@ class ModelRunnerSection(BaseModel):
     max_batch_delay_ms: NonNegative = Field(0.0, description="wait for company (0: take what queued while the last batch ran)")
     inline_forward_max_targets: Annotated[int, Field(ge=0)] = Field(
         16, description="forward passes this small run on the event loop, larger ones in the forward thread")
+    model_sync_interval_s: Positive = Field(
+        0.5, description="how often each model worker applies the admin loads and unloads its sibling workers received")
 
 
 class ServingSection(BaseModel):

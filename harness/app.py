@@ -60,6 +60,11 @@ def private_home(home: str, name: str) -> str:
     return own
 
 
+def service_headers(env: dict[str, str]) -> dict[str, str]:
+    """The header a call to a runner started with ``env`` needs (its service token)."""
+    return ServiceTokens.from_settings(load_settings({k: v for k, v in env.items() if k.startswith("GSAGE_")})).header()
+
+
 class Service:
     """One BentoML service in its own process group."""
 
@@ -131,7 +136,7 @@ class SplitApp:
     @property
     def service_headers(self) -> dict[str, str]:
         """What a call to a runner needs: the service token the three processes share."""
-        return ServiceTokens.from_settings(load_settings(self.env)).header()
+        return service_headers(self.env)
 
     def gateway_for(self, env: dict[str, str]) -> Service:
         deps = {"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url}

@@ -104,9 +104,16 @@ class Gateway:
         self.grpc_server = await start_grpc_server(self, self.settings.grpc_port)
 
     @bentoml.on_shutdown
-    async def stop_grpc(self) -> None:
+    async def close(self) -> None:
+        """Stop the gRPC front end (in-flight calls get a second), close the runner clients and
+        the rate limiter's Redis connection."""
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace=1.0)
+        await self.feature.close()
+        await self.model.close()
+        limiter = gateway_access()[1]
+        if hasattr(limiter, "aclose"):
+            await limiter.aclose()
 
     def reload_files(self) -> None:
         """At most once per ``routing_poll_interval_s``: pick up routing changes made by any

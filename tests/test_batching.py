@@ -340,3 +340,48 @@ def test_with_an_overlap_ratio_a_partial_batch_starts_once_it_matches_the_batch_
         assert b._running_units == [] and b._in_flight == 0
 
     asyncio.run(main())
+
+
+def test_a_worker_that_dies_fails_its_waiting_callers_at_once_and_the_next_submit_starts_a_new_one():
+    async def main():
+        gate = asyncio.Event()
+        handler = Recorder(gate=gate)
+        batcher = AdaptiveBatcher(handler, max_batch_size=2)
+        first = asyncio.ensure_future(batcher.submit("a"))  # runs alone, holds the only slot
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(batcher.submit(x)) for x in "bcd"]
+        await asyncio.sleep(0)
+        batcher._worker.cancel()  # the worker dies (cancelled, or a bug in it)
+        done, _ = await asyncio.wait(queued, timeout=5)  # a backstop only: they fail at once
+        assert done == set(queued)
+        for fut in queued:
+            with pytest.raises(RuntimeError, match="batcher stopped"):
+                fut.result()
+        gate.set()
+        assert await first == ("done", "a")
+        assert await batcher.submit("e") == ("done", "e")  # a new worker (or the idle path) serves
+
+    asyncio.run(main())
+
+
+def test_a_bug_inside_the_collection_fails_the_batch_being_collected_too():
+    async def main():
+        gate = asyncio.Event()
+        batcher = AdaptiveBatcher(Recorder(gate=gate), max_batch_size=8, max_concurrent=2, overlap_ratio=1.0)
+        first = asyncio.ensure_future(batcher.submit("a"))
+        await asyncio.sleep(0)
+
+        def broken() -> float:
+            raise ZeroDivisionError("bug")
+
+        batcher._overlap_units = broken  # the collector calls it once it holds an item and a slot
+        queued = asyncio.ensure_future(batcher.submit("b"))
+        done, _ = await asyncio.wait([queued], timeout=5)
+        assert done == {queued}
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            queued.result()
+        assert batcher._in_flight == 1  # only the batch of "a": the dead collection's slot is back
+        gate.set()
+        assert await first == ("done", "a")
+
+    asyncio.run(main())

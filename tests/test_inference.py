@@ -48,6 +48,11 @@ def trained(aggregator: str) -> tuple[PygGraphSAGE, dict]:
     return model.eval(), metrics
 
 
+def loaded_item(registry, tag, tensor, want_embedding=False):
+    """An item as the service queues it: with its version loaded beforehand."""
+    return InferenceItem(tag, tensor, want_embedding, registry.load(tag))
+
+
 def save(aggregator: str) -> str:
     """Export + parity + save into the current (per-test) model store; returns the tag."""
     model, metrics = trained(aggregator)
@@ -95,7 +100,7 @@ def test_served_outputs_equal_pyg_per_aggregator_and_backend(model_store, aggreg
     want_probs = torch.softmax(torch.from_numpy(want_logits), -1).numpy()
     for backend in ("onnx", "torch"):
         registry = ModelRegistry(backend)
-        (out,) = run_batch(registry, [InferenceItem(tag, ft, want_embedding=True)])
+        (out,) = run_batch(registry, [loaded_item(registry, tag, ft, want_embedding=True)])
         assert out["model"] == tag and out["task"] == "multiclass"
         assert out["backend"].startswith(backend)
         assert_close_same_argmax(out["logits"], want_logits)
@@ -113,8 +118,8 @@ def test_float16_transport_keeps_predictions(model_store):
     ft16 = decode(encode(FeatureTensor(ft32.features.astype(np.float16), ft32.index, ft32.snapshot)))
     assert ft16.features.dtype == np.float16 and ft16.features.nbytes * 2 == ft32.features.nbytes
     registry = ModelRegistry("onnx")
-    (p32,) = run_batch(registry, [InferenceItem(tag, ft32)])
-    (p16,) = run_batch(registry, [InferenceItem(tag, ft16)])
+    (p32,) = run_batch(registry, [loaded_item(registry, tag, ft32)])
+    (p16,) = run_batch(registry, [loaded_item(registry, tag, ft16)])
     diff = np.abs(p32["probs"] - p16["probs"]).max()
     assert 0 < diff <= 5e-3, diff  # > 0: the float16 rows really were rounded
     top2 = np.sort(p32["probs"], axis=1)[:, -2:]
@@ -123,11 +128,11 @@ def test_float16_transport_keeps_predictions(model_store):
     # float16 rows are widened inside ONNX Runtime (a Cast before the graph): exactly what
     # widening them first in numpy and running the float32 graph gives.
     widened = FeatureTensor(ft16.features.astype(np.float32), ft16.index, ft16.snapshot)
-    (p16_numpy,) = run_batch(registry, [InferenceItem(tag, widened)])
+    (p16_numpy,) = run_batch(registry, [loaded_item(registry, tag, widened)])
     np.testing.assert_array_equal(p16["logits"], p16_numpy["logits"])
     np.testing.assert_array_equal(p16["probs"], p16_numpy["probs"])
     # A batch mixing float16 and float32 tensors runs as float32, each item as it would alone.
-    (mixed16, mixed32) = run_batch(registry, [InferenceItem(tag, ft16), InferenceItem(tag, ft32)])
+    (mixed16, mixed32) = run_batch(registry, [loaded_item(registry, tag, ft16), loaded_item(registry, tag, ft32)])
     np.testing.assert_array_equal(mixed16["probs"], p16["probs"])
     np.testing.assert_array_equal(mixed32["probs"], p32["probs"])
 
@@ -147,11 +152,11 @@ def test_a_merged_batch_equals_each_item_alone_and_pyg(model_store, aggregator):
         (hubs[:3], (25, 3), 5),
     ]
     items, trees = [], []
+    registry = ModelRegistry("onnx")
     for targets, fanout, seed in specs:
         ft, tree = feature_tensor(targets, fanout, seed)
-        items.append(InferenceItem(tag, ft, want_embedding=True))
+        items.append(loaded_item(registry, tag, ft, want_embedding=True))
         trees.append(tree)
-    registry = ModelRegistry("onnx")
     batched = run_batch(registry, items)
     assert len(batched) == len(items)
     for item, tree, out in zip(items, trees, batched):
@@ -183,13 +188,13 @@ def test_premean_input_gives_the_full_rows_answer(model_store):
     for backend in ("onnx", "torch"):
         registry = ModelRegistry(backend)
         assert registry.load(tag).input_layouts == [LAYOUT, PREMEAN]
-        want = run_batch(registry, [InferenceItem(tag, ft, want_embedding=True) for ft in full])
-        mixed = [InferenceItem(tag, as_premean(ft) if i != 1 else ft, want_embedding=True) for i, ft in enumerate(full)]
-        for items in ([InferenceItem(tag, as_premean(ft), want_embedding=True) for ft in full], mixed):
+        want = run_batch(registry, [loaded_item(registry, tag, ft, want_embedding=True) for ft in full])
+        mixed = [loaded_item(registry, tag, as_premean(ft) if i != 1 else ft, want_embedding=True) for i, ft in enumerate(full)]
+        for items in ([loaded_item(registry, tag, as_premean(ft), want_embedding=True) for ft in full], mixed):
             for got, w in zip(run_batch(registry, items), want):
                 np.testing.assert_allclose(got["logits"], w["logits"], atol=1e-5)
                 np.testing.assert_allclose(got["embedding"], w["embedding"], atol=1e-5)
-        (half,) = run_batch(registry, [InferenceItem(tag, decode(encode(as_premean(full[0], np.float16))))])
+        (half,) = run_batch(registry, [loaded_item(registry, tag, decode(encode(as_premean(full[0], np.float16))))])
         assert 0 < np.abs(half["probs"] - want[0]["probs"]).max() <= 5e-3
 
 
@@ -209,7 +214,7 @@ def test_mixed_version_batch_is_split_by_version(model_store):
     for n, (version, aggregator) in enumerate([(v_mean, "mean"), (v_pool, "pool"), (v_pool, "pool"),
                                               (v_mean, "mean"), (v_pool, "pool")]):
         ft, tree = feature_tensor(np.arange(n * 7, n * 7 + n + 1), seed=n)
-        items.append(InferenceItem(version, ft))
+        items.append(loaded_item(registry, version, ft))
         trees.append(tree)
         versions.append((version, aggregator))
     results = run_batch(registry, items)
@@ -219,7 +224,7 @@ def test_mixed_version_batch_is_split_by_version(model_store):
         assert "embedding" not in out
         assert_close_same_argmax(out["logits"], pyg_forward(aggregator, tree)[0])
     # the same item under the other version gets that version's answer
-    same = [InferenceItem(v_mean, items[0].tensor), InferenceItem(v_pool, items[0].tensor)]
+    same = [loaded_item(registry, v_mean, items[0].tensor), loaded_item(registry, v_pool, items[0].tensor)]
     a, b = run_batch(registry, same)
     assert (a["model"], b["model"]) == (v_mean, v_pool)
     assert float(np.abs(a["logits"] - b["logits"]).max()) > 1e-3
@@ -344,7 +349,7 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
                 try:
                     loaded = await loop.run_in_executor(loader, registry.load, tag)
                     check_compatible(loaded, requests[n])
-                    result = await batcher.submit(InferenceItem(loaded.artifacts.tag, requests[n]))
+                    result = await batcher.submit(InferenceItem(loaded.artifacts.tag, requests[n], loaded=loaded))
                     answers.append((n, tag, result))
                 except BaseException as exc:  # noqa: BLE001 - every failure is collected
                     errors.append(exc)
@@ -385,7 +390,7 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
     assert any(len(vs) == 2 for vs in batch_versions), "no batch ever mixed the two versions"
     # every answer is its own version's answer (checked against a fresh registry, item alone)
     reference = ModelRegistry("onnx")
-    expected = {(n, tag): run_batch(reference, [InferenceItem(tag, requests[n])])[0]["logits"]
+    expected = {(n, tag): run_batch(reference, [loaded_item(reference, tag, requests[n])])[0]["logits"]
                 for n in range(len(requests)) for tag in (v1, v2)}
     for n, tag, result in answers:
         assert result["model"] == tag

@@ -132,7 +132,7 @@ def main() -> None:
             req = nb.validate(ids.tolist(), None, int(own_rng.integers(2**62)),
                               premean=premean and ids.size >= settings.premean_min_targets)
             (ft,) = own_loop.run_until_complete(nb.build([req]))
-            (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft)])
+            (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft, loaded=loaded)])
             return res["probs"]
         return call
 

@@ -73,6 +73,12 @@ class FeatureRunner:
         _instance.set(self)
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
+    @bentoml.on_shutdown
+    async def close(self) -> None:
+        """Send the write-back buffered for Redis (bounded by its timeout), close the connections."""
+        await self.store.close()
+        await self.model.close()
+
     async def _build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         if self._warm_task is None and settings().warm_nodes > 0:
             hot = np.argsort(-self.snapshot.degrees())[: settings().warm_nodes]

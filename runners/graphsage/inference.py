@@ -52,6 +52,9 @@ class InferenceItem:
     model: str
     tensor: FeatureTensor
     want_embedding: bool = False
+    # The version as resolved before the item was queued: a batch never looks a model up (nor
+    # loads one from disk), and an unload meanwhile does not fail the items already queued.
+    loaded: LoadedModel | None = None
 
 
 class ModelRegistry:
@@ -170,13 +173,20 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
 
 
 def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[str, Any]]:
-    """Run every item, one forward pass per model version; results in the order of ``items``."""
+    """Run every item, one forward pass per model version; results in the order of ``items``.
+    Only versions already loaded run (the item's, else the registry's): nothing is read from disk
+    here, inside a batch; an item naming a version not loaded raises ``UnknownVersion``."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    models: dict[str, LoadedModel] = {}
     for i, item in enumerate(items):
-        groups[item.model, item.tensor.layout].append(i)
+        model = item.loaded or registry.get_loaded(item.model)
+        if model is None:
+            raise UnknownVersion(f"model {item.model!r} is not loaded")
+        models[model.artifacts.tag] = model
+        groups[model.artifacts.tag, item.tensor.layout].append(i)
     results: list[dict[str, Any]] = [{} for _ in items]
     for (tag, _), positions in groups.items():
-        model = registry.load(tag)
+        model = models[tag]
         batch = merge([items[i].tensor for i in positions], model.artifacts.config.fanout)
         logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.premean)
         for n, i in enumerate(positions):

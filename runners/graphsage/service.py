@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
@@ -33,6 +34,7 @@ from common.service_auth import ServiceGuard, ensure_shared_token
 from common.settings import runner_service_options, settings
 from runners.graphsage.inference import (IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion,
                                          check_compatible, run_batch)
+from runners.graphsage.admin_state import AdminState
 from runners.graphsage.metrics import model_metrics
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
@@ -58,6 +60,9 @@ class GraphSAGERunner:
             self._forward, max_batch_size=cfg.max_batch_targets, max_delay_s=cfg.max_batch_delay_ms / 1000,
             size_of=lambda item: item.tensor.num_targets, on_batch=self._observe,
         )
+        self.admin_state = AdminState.for_this_service()
+        self._sync_interval_s = cfg.model_sync_interval_s
+        self._sync_task: asyncio.Task[None] | None = None
         _instance.set(self)
         gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
 
@@ -73,6 +78,40 @@ class GraphSAGERunner:
         m.batch_targets.observe(stats.last_batch_units)
         m.queue.observe(stats.last_batch_queue_s)
         m.compute.observe(stats.last_batch_compute_s)
+
+    @bentoml.on_startup
+    async def start_sync(self) -> None:
+        self._sync_task = asyncio.get_running_loop().create_task(self._sync_forever())
+
+    @bentoml.on_shutdown
+    async def close(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        self._compute.shutdown(wait=True)  # a forward pass in flight finishes
+
+    async def _sync_forever(self) -> None:
+        """Apply the admin calls other workers of this service received (``admin_state``)."""
+        while True:
+            await asyncio.sleep(self._sync_interval_s)
+            try:
+                await self.sync_admin_state()
+            except Exception:  # noqa: BLE001 - a bad version must not stop the loop; logged
+                log.exception("applying the admin state failed")
+
+    async def sync_admin_state(self) -> None:
+        versions = self.admin_state.changes()
+        for tag, action in (versions or {}).items():
+            if action == "unloaded":
+                if self.registry.unload(tag):
+                    log.info("unloaded %s (admin call to another worker)", tag)
+            elif self.registry.get_loaded(tag) is None:
+                try:
+                    loaded = await self._load(tag)
+                except ApiError as exc:
+                    log.warning("admin load of %s not applied here: %s", tag, exc.message)
+                    continue
+                log.info("loaded %s (admin call to another worker)", loaded.artifacts.tag)
 
     async def _load(self, tag: str):
         loaded = self.registry.get_loaded(tag)
@@ -107,7 +146,7 @@ class GraphSAGERunner:
             check_compatible(loaded, ft)
         except IncompatibleInput as exc:
             raise ApiError(422, str(exc)) from exc
-        result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding))
+        result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding, loaded))
         labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
         return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "task")})
@@ -115,18 +154,25 @@ class GraphSAGERunner:
     @bentoml.api
     @answers_errors
     async def load(self, tag: str) -> dict:
-        """Hot-load a version into this worker (idempotent)."""
-        return (await self._load(tag)).describe()
+        """Hot-load a version (idempotent): into this worker now, into this service's other
+        workers within ``GSAGE_MODEL_SYNC_INTERVAL_S``."""
+        loaded = await self._load(tag)
+        await asyncio.to_thread(self.admin_state.record, loaded.artifacts.tag, "loaded")
+        return loaded.describe()
 
     @bentoml.api
     @answers_errors
     async def unload(self, tag: str) -> dict:
-        return {"tag": tag, "unloaded": self.registry.unload(tag)}
+        """Unload a version from every worker of this service (this one now)."""
+        resolved = self.registry.get_loaded(tag)
+        unloaded = self.registry.unload(tag)
+        await asyncio.to_thread(self.admin_state.record, resolved.artifacts.tag if resolved else tag, "unloaded")
+        return {"tag": tag, "unloaded": unloaded}
 
     @bentoml.api
     @answers_errors
     async def models(self) -> dict:
-        return {"loaded": self.registry.loaded(), "batches": vars(self.batcher.stats)}
+        return {"loaded": self.registry.loaded(), "batches": vars(self.batcher.stats), "worker_pid": os.getpid()}
 
 
 GraphSAGERunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
