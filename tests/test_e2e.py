@@ -226,6 +226,97 @@ def test_direct_api_and_bentoml_dispatch_answer_errors_alike(app, env):
         assert sorted(r.json()) == ["error", "status"] and r.json()["status"] == 400, r.text
 
 
+@pytest.fixture(scope="module")
+def direct_and_dispatched(app, env):
+    """Two more gateways on the same runners: the direct API on and off (BentoML's own dispatch),
+    with a rate limit whose burst only the contract test spends."""
+    limits = {"GSAGE_RATE_LIMIT_PER_S": "0.01", "GSAGE_RATE_LIMIT_BURST": "40", "GSAGE_GRPC_PORT": "0"}
+    started = []
+    try:
+        for direct in ("1", "0"):
+            started.append(app.gateway_for({**app.env, **limits, "GSAGE_DIRECT_API": direct}).start())
+        yield started
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def _answer(r: httpx.Response) -> tuple[int, dict, object]:
+    """What a client sees of an error: status, the headers that carry meaning, the body."""
+    kept = {k: v for k, v in r.headers.items() if k in ("content-type", "retry-after", "www-authenticate")}
+    return r.status_code, kept, r.json()
+
+
+CONTRACT_CASES = {
+    "validation": ({"node_ids": [-1]}, "predict", "application/json"),
+    "validation, two fields": ({"node_ids": [1], "fanout": [0], "seed": -2}, "predict", "application/json"),
+    "unknown field": ({"node_ids": [1], "surprise": True}, "predict", "application/json"),
+    "no key": ({"node_ids": [1]}, None, "application/json"),
+    "wrong key": ({"node_ids": [1]}, "gsk_wrong", "application/json"),
+    "no scope": ({"node_ids": [1]}, "noscope", "application/json"),
+    "unknown version": ({"node_ids": [1], "version": "doesnotexist"}, "predict", "application/json"),
+    "unknown model": ({"node_ids": [1], "model": "nope"}, "predict", "application/json"),
+    "too many ids": ({"node_ids": list(range(2000))}, "predict", "application/json"),
+    "body too large": (b"{" + b" " * (2 << 20) + b"}", "predict", "application/json"),
+    "media type": (b"node_ids=1", "predict", "text/plain"),
+}
+
+
+def _send(gw, env, body, key, media_type) -> httpx.Response:
+    headers = {"content-type": media_type}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {env['keys'].get(key, key)}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(gw.url + "/predict", content=content, headers=headers, timeout=30)
+
+
+def test_the_direct_api_and_bentomls_dispatch_answer_every_error_alike(direct_and_dispatched, env):
+    """The contract: status, headers and body equal whichever path answered, for each kind of error."""
+    direct, dispatched = direct_and_dispatched
+    seen = {}
+    for name, (body, key, media_type) in CONTRACT_CASES.items():
+        a, b = _answer(_send(direct, env, body, key, media_type)), _answer(_send(dispatched, env, body, key, media_type))
+        assert a == b, (name, a, b)
+        assert a[2] == {"error": a[2]["error"], "status": a[0]}, (name, a)
+        seen[name] = a
+    assert {name: a[0] for name, a in seen.items()} == {
+        "validation": 400, "validation, two fields": 400, "unknown field": 400, "no key": 401, "wrong key": 401,
+        "no scope": 403, "unknown version": 404, "unknown model": 404, "too many ids": 413, "body too large": 413,
+        "media type": 415}
+    # A 400 names the field and the reason, as the gRPC answer does.
+    assert seen["validation"][2]["error"] == "invalid request: node_ids.0: Input should be greater than or equal to 0"
+    assert "fanout.0" in seen["validation, two fields"][2]["error"] and "seed" in seen["validation, two fields"][2]["error"]
+    assert seen["no key"][1]["www-authenticate"] == "Bearer"
+    # 429: the same key spends its burst on each gateway; the answers agree, Retry-After included.
+    limited = []
+    for gw in (direct, dispatched):
+        for _ in range(41):
+            r = _send(gw, env, {"node_ids": [1]}, "admin", "application/json")
+            if r.status_code == 429:
+                limited.append(_answer(r))
+                break
+    assert len(limited) == 2 and limited[0] == limited[1], limited
+    assert int(limited[0][1]["retry-after"]) >= 1
+
+
+def test_a_503_keeps_its_reason_and_retry_after_over_http(app, env, direct_and_dispatched):
+    """The model runner down: the first answers say why (the FeatureRunner's words), then the open
+    breaker answers at once with its own Retry-After; the direct API and the dispatch alike."""
+    app.model.kill()
+    try:
+        for gw in direct_and_dispatched:
+            first = _answer(_send(gw, env, {"node_ids": [7]}, "predict", "application/json"))
+            assert first[0] == 503 and first[2]["error"].startswith("model runner unavailable: "), first
+            assert first[2]["error"] != "An unexpected error has occurred, please check the server log."
+            assert first[1]["retry-after"] == "1"
+            for _ in range(5):  # GSAGE_BREAKER_FAILURES=3: the breaker opens
+                last = _answer(_send(gw, env, {"node_ids": [7]}, "predict", "application/json"))
+            assert last[0] == 503 and last[2]["error"] == "model runner unavailable: circuit open", last
+            assert 1 <= int(last[1]["retry-after"]) <= 1  # GSAGE_BREAKER_RESET_S=1, rounded up
+    finally:
+        app.model.start()
+
+
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
     out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 6.0, 32,
