@@ -72,11 +72,6 @@ class PredictResponse(_Model):
     predictions: list[NodePrediction]
 
 
-class ErrorResponse(_Model):
-    error: str
-    status: int
-
-
 class RoutingChange(_Model):
     model_config = ConfigDict(extra="forbid")
 

@@ -163,18 +163,6 @@ def test_duplicate_ids_do_not_leak_slots():
     np.testing.assert_array_equal(rows, rows_for([1, 1]))
 
 
-def test_async_wrappers():
-    cache = make(4)
-
-    async def go():
-        await cache.put(np.arange(2), rows_for(range(2)))
-        return await cache.get(np.arange(3))
-
-    found, rows = asyncio.run(go())
-    assert found.tolist() == [True, True, False]
-    np.testing.assert_array_equal(rows, rows_for(range(2)))
-
-
 def test_tiered_without_l2_reads_origin_once_then_l1():
     feats = rows_for(range(100))
     store = TieredFeatureStore(make(50), None, OriginLevel(feats))

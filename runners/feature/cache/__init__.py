@@ -4,14 +4,12 @@
 ``tiered.py`` for the read path and ``l2_redis.py`` for the Redis key layout.
 """
 
-from .base import FeatureLevel
 from .l1 import L1Cache
 from .l2_redis import RedisFeatureLevel
 from .origin import OriginLevel
 from .tiered import FetchStats, TieredFeatureStore, build_feature_store
 
 __all__ = [
-    "FeatureLevel",
     "FetchStats",
     "L1Cache",
     "OriginLevel",

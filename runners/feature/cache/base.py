@@ -1,35 +1,17 @@
-"""The one interface every feature-cache level implements.
+"""What the feature-cache levels share: the id and row dtypes, and their "all missed" answer.
 
-A level maps unique int64 node ids to float32 feature rows of a fixed width ``F``:
-
-* ``get(ids)`` answers ``(found [n] bool, rows [found.sum(), F] float32)``; ``rows`` follow the
-  order of ``ids[found]`` and may be a read-only view (copy before mutating). A level that
-  cannot answer (Redis down) says "all missed"; it never raises, so the next level down always
-  gets its chance.
-* ``put(ids, rows)`` stores rows; best effort, never raises for a backend fault.
-* ``stats()`` returns the level's monotonically increasing counters (hits, misses, errors,
-  evictions, ... whichever apply) as a flat ``dict[str, int]`` for metrics export.
+A level maps unique int64 node ids to float32 rows of a fixed width ``F``. L1 and the origin are
+synchronous (``get_many`` / ``put_many``: no I/O on the hot path); L2 (Redis) is asynchronous and
+never raises for a backend fault: it answers "all missed", so the next level down always gets its
+chance. ``runners.feature.cache.tiered`` composes them.
 """
 
 from __future__ import annotations
-
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 ID_DTYPE = np.int64
 ROW_DTYPE = np.float32
-
-
-@runtime_checkable
-class FeatureLevel(Protocol):
-    name: str
-
-    async def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
-
-    async def put(self, ids: np.ndarray, rows: np.ndarray) -> None: ...
-
-    def stats(self) -> dict[str, int]: ...
 
 
 def as_ids(ids: np.ndarray) -> np.ndarray:

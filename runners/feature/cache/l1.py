@@ -43,7 +43,7 @@ Expired entries are dropped lazily when a ``get`` meets them (counted as ``expir
 until then they age out through eviction like any other entry.
 
 Not thread-safe: the feature runner uses it from its event loop only. ``get_many`` / ``put_many``
-are synchronous (no I/O); ``get`` / ``put`` wrap them for the ``FeatureLevel`` protocol.
+are synchronous (no I/O).
 """
 
 from __future__ import annotations
@@ -256,12 +256,6 @@ class L1Cache:
     def clear(self) -> None:
         used = np.flatnonzero(self._id_of >= 0)
         self._release(used)
-
-    async def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.get_many(ids)
-
-    async def put(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        self.put_many(ids, rows)
 
     def stats(self) -> dict[str, int]:
         return {

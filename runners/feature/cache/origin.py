@@ -31,12 +31,5 @@ class OriginLevel:
         # np.take on a memmap returns a plain in-memory ndarray (a copy), never a file view.
         return np.asarray(np.take(self.features, ids, axis=0), dtype=ROW_DTYPE)
 
-    async def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = self.get_many(ids)
-        return np.ones(rows.shape[0], dtype=bool), rows
-
-    async def put(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """The snapshot is immutable: nothing to write."""
-
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits}
