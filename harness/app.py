@@ -143,9 +143,13 @@ class SplitApp:
         return Service("Gateway", free_port(), env, depends=deps, log_dir=None)
 
     def start(self) -> "SplitApp":
-        self.model.start()
-        self.feature.start()
-        self.gateway.start()
+        """Start the three services; when one fails to start, stop those already started."""
+        try:
+            for svc in (self.model, self.feature, self.gateway):
+                svc.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

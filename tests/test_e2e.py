@@ -18,17 +18,16 @@ from common import predict_request
 from common import wire
 from common.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from harness.app import SplitApp, build_demo_store, closed_loop, free_port
+from harness.app import SplitApp, closed_loop, free_port
 from tests.conftest import bentoml_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, demo_store):
     root = tmp_path_factory.mktemp("e2e")
-    home = str(root / "bentoml")
-    v1, v2 = build_demo_store(home)
+    home, v1, v2 = demo_store.home, demo_store.v1, demo_store.v2
     keys = {"predict": generate_key(), "admin": generate_key(), "noscope": generate_key()}
     write_entries(str(root / "keys.json"), [
         KeyEntry("client", hash_key(keys["predict"]), frozenset({"predict"})),

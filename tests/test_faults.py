@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from harness.app import Outcomes, SplitApp, build_demo_store, closed_loop
+from harness.app import Outcomes, SplitApp, closed_loop
 from harness.redis_servers import RedisCluster3, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -21,9 +21,8 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "faults
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    home = str(tmp_path_factory.mktemp("faults") / "bentoml")
-    return home, build_demo_store(home)
+def store(demo_store):
+    return demo_store.home, (demo_store.v1, demo_store.v2)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from common.bento.launch import START_HTTP_SERVER, WORKER_MODULE
-from harness.app import ROOT, build_demo_store, free_port
+from harness.app import ROOT, free_port
 
 K8S_DIR = ROOT / "bentos" / "k8s"
 
@@ -34,10 +34,9 @@ def release(home: str, *args: str, timeout: float = 300) -> str:
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
+def released(tmp_path_factory, demo_store):
     root = tmp_path_factory.mktemp("release")
-    home = str(root / "bentoml")
-    v1, v2 = build_demo_store(home)
+    home, v1, v2 = demo_store.home, demo_store.v1, demo_store.v2
     # Pack both versions (a canary in one image); v1 first = the default version.
     tag = release(home, "build", "--model", v1, "--model", v2)
     ctx = Path(release(home, "context", tag, "--out", str(root / "context")))

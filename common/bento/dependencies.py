@@ -29,3 +29,15 @@ def connect(dependency: Any, tokens: Any, *, timeout_s: float, retry_pauses_s: t
     if url:
         return RunnerClient(name, url, tokens, timeout_s=timeout_s, retry_pauses_s=retry_pauses_s)
     return LocalRunner(name, dependency.get())
+
+
+async def bentoml_proxy(url: str, service: Any) -> Any:
+    """BentoML's own dependency proxy for ``service`` at ``url``, as a worker builds it for a
+    ``bentoml.depends`` dependency (pickle media type, raised connection limits). Not used by the
+    services; bench/bench_internal_hops.py measures RunnerClient against it."""
+    from _bentoml_impl.client.proxy2 import RemoteProxy
+
+    service.inject_config()  # what a BentoML worker has loaded before it builds a proxy
+    proxy = RemoteProxy(url, service=service)
+    await proxy.__aenter__()
+    return proxy
