@@ -2,9 +2,10 @@
 int64 arrays, one raw ``application/octet-stream`` body.
 
 ``wire.envelope({"model", "embedding", "dtype", "fanout", "seed"}, wire.pack({"node_ids"[,
-"seeds"]}))``. Keyword arguments through BentoML's client were pickled and written in chunks:
-13.6% of the gateway's busy time in a bulk-256 profile was that write (bench.suite,
-``gateway_bulk256``), and the runner validated two 256-int JSON lists with pydantic.
+"seeds"]}))``. Keyword arguments through BentoML's client were pickled and written in chunks, a
+visible share of the gateway's busy time on bulk requests (the ``gateway_bulk256`` py-spy
+profile of ``python -m bench.suite``), and the runner validated two 256-int JSON lists with
+pydantic.
 """
 
 from __future__ import annotations

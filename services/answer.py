@@ -2,7 +2,7 @@
 
 The public shape is ``services.protocol.PredictResponse`` (OpenAPI, gRPC). Building one pydantic
 ``NodePrediction`` per node, even with ``model_construct``, was the gateway's largest cost for bulk
-requests (py-spy, bench.suite: ~30% of its CPU at 256 nodes). An ``Answer`` holds
+requests (the ``gateway_bulk256`` py-spy profile of ``python -m bench.suite``). An ``Answer`` holds
 ``probs [n, C]`` (and ``embedding``) as they arrived and renders straight to JSON bytes with orjson,
 to protobuf, or to the pydantic model where a caller wants objects.
 
@@ -22,8 +22,8 @@ import orjson
 from services.protocol import PredictResponse
 
 MULTILABEL_THRESHOLD = 0.5
-# From this many nodes the column rendering is the cheaper one (in-process: 1 node 4.7 vs 6.9 us,
-# 4 nodes 8.9 vs 7.9 us, 256 nodes 252 vs 213 us).
+# From this many nodes the column rendering is the cheaper one. No benchmark covers the crossover:
+# timing ``_json_per_node`` against ``_json_columns`` in-process at a few sizes would show it.
 COLUMNS_MIN_NODES = 4
 
 
@@ -78,7 +78,8 @@ class Answer:
     def _json_columns(self) -> bytes:
         """The same bytes as ``_json_per_node`` for a multiclass answer with every node known: each
         column is serialised once by orjson and cut into rows, instead of one dict per node
-        (256 nodes: the gateway's largest own cost after the stale store, bench.suite)."""
+        (on bulk requests, the gateway's largest own cost after the stale store in the
+        ``gateway_bulk256`` py-spy profile of ``python -m bench.suite``)."""
         probs = self.probs
         probs_rows = _row_fragments(probs)
         scores = orjson.dumps(probs.max(1), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")

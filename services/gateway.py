@@ -90,7 +90,9 @@ class Gateway:
         self._next_reload = 0.0
         self.grpc_server: Any = None
         _instance.set(self)
-        gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
+        # Start-up objects out of the collector's reach: gen-2 collections over them paused BentoML
+        # workers (no benchmark times the pauses; gc.callbacks under python -m bench.suite would).
+        gc.freeze()
 
     @bentoml.on_startup
     async def start_grpc(self) -> None:

@@ -56,9 +56,9 @@ class StaleAnswers:
     rows it becomes the old one (the previous old one is dropped). So a node answered within the
     last ``capacity / 2`` rows is always found, and at most ``capacity`` rows are kept. A node
     maps to one int (which answer, which row), so a put is one C-level dict update that allocates
-    nothing the garbage collector tracks: the per-node loop over tuples it replaces was 13% of the
-    gateway's CPU samples under bulk load (bench.suite; 256 nodes in-process 0.38 -> 0.03 ms).
-    Rows stay numpy views of the answers they came from."""
+    nothing the garbage collector tracks: the per-node loop over tuples it replaces was a large
+    share of the gateway's CPU under bulk load (the ``gateway_bulk256`` py-spy profile of
+    ``python -m bench.suite``). Rows stay numpy views of the answers they came from."""
 
     def __init__(self, capacity: int = 200_000) -> None:
         self.capacity = capacity

@@ -2,9 +2,10 @@
 
 BentoML 1.4 answers an API call through Starlette's router, its ``ContextMiddleware`` and
 ``api_endpoint_wrapper`` -> ``api_endpoint``: an IO-descriptor parse, ``APIMethod.__get__`` (an
-``inspect.signature`` per call) and dependency-injected response headers. On a one-endpoint
-service at concurrency 32 that dispatch was ~45% of the worker's CPU (py-spy); the same handler
-behind a plain route answered 10.5k req/s against 5.7k through ``@bentoml.api``.
+``inspect.signature`` per call) and dependency-injected response headers. Under concurrent load
+that dispatch was a large share of a worker's CPU, and the same handler behind a plain route
+answered markedly more requests per second: see the py-spy profiles of ``python -m bench.suite``,
+and ``python -m bench.suite.ab --variant GSAGE_DIRECT_API=0`` for the app with and without it.
 
 ``DirectApi`` is an ASGI middleware that answers ``POST <route>`` itself, by awaiting a handler
 with the raw body. Added with ``Service.add_asgi_middleware`` after the service's own guards

@@ -1,10 +1,12 @@
 """float32 -> float16 narrowing of feature rows for transport, through ONNX Runtime's ``Cast``.
 
-numpy converts element by element in software: 5.4 ms for the ~6,800 x 128 rows of a 256-target
-request, the largest single cost of the FeatureRunner on bulk requests. ONNX Runtime's ``Cast``
-uses the CPU's conversion instructions: 0.19 ms for the same rows, bit-identical results (round
-to nearest even, overflow to inf, NaN kept; asserted in tests). One tiny session per process, made
-on first use; numpy stays the fallback when ONNX Runtime cannot load.
+numpy converts element by element in software, which was the largest single cost of the
+FeatureRunner on bulk requests (the ``feature_bulk256`` py-spy profile of ``python -m
+bench.suite``). ONNX Runtime's ``Cast`` uses the CPU's conversion instructions, many times faster
+on the same rows, with bit-identical results (round to nearest even, overflow to inf, NaN kept;
+asserted in tests). No benchmark times the two side by side: a ``timeit`` of
+``astype(np.float16)`` against ``to_dtype`` on a bulk request's rows would. One tiny session per
+process, made on first use; numpy stays the fallback when ONNX Runtime cannot load.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ sampling and fetching run vectorised over many targets. No torch in this process
 
 ``predict`` hands the FeatureTensor straight to the GraphSAGERunner and returns its answer: the
 feature bytes cross one process boundary instead of two (FeatureRunner -> gateway -> model
-runner), which cost the gateway 4.2 of its 5.0 ms of CPU per 256-node request (bench.suite).
+runner), which was most of the gateway's CPU per bulk request (the per-process CPU cost per
+request in ``python -m bench.suite``'s report).
 ``features`` returns the tensor itself (tools, tests, other callers).
 """
 
@@ -71,7 +72,9 @@ class FeatureRunner:
         log.info("FeatureRunner: %s (%d nodes, %d edges), L2 %s", self.snapshot.tag, self.snapshot.num_nodes,
                  self.snapshot.num_edges, cfg.redis_url or "off")
         _instance.set(self)
-        gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
+        # Start-up objects out of the collector's reach: gen-2 collections over them paused BentoML
+        # workers (no benchmark times the pauses; gc.callbacks under python -m bench.suite would).
+        gc.freeze()
 
     @bentoml.on_shutdown
     async def close(self) -> None:
@@ -141,7 +144,8 @@ class FeatureRunner:
         than ``Settings.model_call_timeout_s``, the answer is 502, never this runner's own 5xx.
 
         A version that takes the premean input (mean aggregator) gets it for requests of at
-        least ``premean_min_targets`` nodes: ~3x fewer bytes at 256."""
+        least ``premean_min_targets`` nodes: far fewer bytes on bulk requests (``python
+        bench/bench_premean.py`` prints both layouts' bytes per batch size)."""
         return await self.predict_body(request)
 
     async def predict_body(self, request: bytes) -> bytes:

@@ -33,7 +33,8 @@ class OnnxBackend:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        # 1 intra-op thread per worker: 2 threads gave 12-32 ms P99 stalls beside other load.
+        # 1 intra-op thread per worker: 2 threads gave P99 stalls beside other load (measure with
+        # python -m bench.suite.ab --variant GSAGE_INTRA_OP_THREADS=2 --variant-model-runner).
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -44,8 +45,9 @@ class OnnxBackend:
             else:
                 log.warning("ONNX Runtime CUDA requested but not available; running on CPU")
         # Per input layout: the graph as exported (float32 rows) and the same graph behind a Cast
-        # for float16 rows (the default transport): numpy's float16 -> float32 conversion cost ~3 ms
-        # per 256-target batch; ONNX Runtime's is vectorised. Exact.
+        # for float16 rows (the default transport): numpy's float16 -> float32 conversion was a
+        # visible cost on bulk batches; ONNX Runtime's is vectorised. Exact. No benchmark compares
+        # the two (bench/bench_premean.py times decode + run_batch on float16 rows, Cast included).
         graphs = {"levels": artifacts.onnx_path}
         if os.path.exists(artifacts.onnx_premean_path):
             graphs["premean"] = artifacts.onnx_premean_path

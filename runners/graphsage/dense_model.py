@@ -9,7 +9,8 @@ pooling projection, ``aggr_module.lstm``), so a trained PyG state dict loads unc
 
 The input is the level-compacted FeatureTensor (``common.feature_tensor``): each hop holds
 neighbours of the previous hop's *real* nodes only, so work scales with real nodes, not with
-the padded tree (on the demo graph ~73% of a padded [25, 10] tree is padding). Neighbour sets
+the padded tree (on the demo graph most of a padded [25, 10] tree is padding: ``python
+bench/bench_features.py``, section "layout", prints the bytes of both). Neighbour sets
 are materialised as ``[nodes, k, C]`` blocks whose padding rows are exactly zero (a gather from
 the representations extended by one zero row), which every aggregator below relies on.
 
@@ -79,7 +80,8 @@ class DenseSAGELayer(nn.Module):
         """Mean and narrower out than in (the classifier layer): project the neighbours, then
         average. The mean is linear, so W (sum x / c) + b == (sum W x) / c + b, and the gathered
         block is [n, k, out] instead of [n, k, in] (10 vs 128 columns on the demo model: ONNX
-        Runtime's Gather + ReduceSum were 31% of a 256-target forward pass)."""
+        Runtime's Gather + ReduceSum were a large share of a bulk forward pass: ``python
+        bench/bench_model.py`` times the pass, ONNX Runtime's profiler would show the split)."""
         return self.aggregator == "mean" and self.lin_l.out_features < self.lin_l.in_features
 
     def forward_projected(self, root: Tensor, nxt: Tensor, slot_rows: Tensor, mask: Tensor) -> Tensor:

@@ -147,7 +147,7 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
     premean = tensors[0].last_mean is not None
     if any((t.last_mean is not None) != premean for t in tensors):
         raise ValueError("a batch holds tensors of one layout")
-    # One tensor (every bulk request): its rows as they arrived, not a copy of ~1.8 MB.
+    # One tensor (every bulk request): its rows as they arrived, not a copy of them.
     features = tensors[0].features if len(tensors) == 1 else np.concatenate([t.features for t in tensors])
     if features.dtype != np.float16:
         features = features.astype(np.float32, copy=False)

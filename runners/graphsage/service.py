@@ -4,8 +4,8 @@ It receives FeatureTensors and never fetches features. Concurrent requests are m
 adaptive batcher (one batch in flight per worker; a batch holding several versions runs one
 forward pass per version). Large forward passes run in one worker thread so the event loop keeps
 accepting requests while ONNX Runtime computes (it releases the GIL); small ones (at most
-``inline_forward_max_targets`` targets, ~1 ms) run on the event loop, where the thread hand-off
-would cost more than it frees.
+``inline_forward_max_targets`` targets) run on the event loop, where the thread hand-off would
+cost more than it frees (``python bench/bench_model.py`` times the forward pass per batch size).
 
 Why not BentoML's ``batchable=True``: it concatenates one numpy argument by rows, but a
 deduplicated FeatureTensor needs its indices rebased per request and a batch must be split by
@@ -64,7 +64,9 @@ class GraphSAGERunner:
         self._sync_interval_s = cfg.model_sync_interval_s
         self._sync_task: asyncio.Task[None] | None = None
         _instance.set(self)
-        gc.freeze()  # gen-2 GC pauses of 55-76 ms were measured in BentoML workers
+        # Start-up objects out of the collector's reach: gen-2 collections over them paused BentoML
+        # workers (no benchmark times the pauses; gc.callbacks under python -m bench.suite would).
+        gc.freeze()
 
     async def _forward(self, items: list[InferenceItem]) -> list[dict]:
         if sum(item.tensor.num_targets for item in items) <= self._inline_max:

@@ -1,11 +1,12 @@
 """A lean pipelined Redis connection for the L2 read path: an asyncio Protocol and hiredis.
 
 Why not redis-py here: the L2 read is one ``MGET`` per feature batch, on the request's critical
-path. Through redis-py's asyncio client an ``MGET`` of 140 rows took P50 602 / P99 781 us on
-loopback; the same command written to a transport and parsed by hiredis took 204 / 299 us
-(``python bench/bench_cache.py --ids 140 --iters 2000``). redis-py packs each argument in Python, takes a connection from its
-pool under a lock and reads through a StreamReader; here the command is one ``bytes`` and replies
-are parsed as they arrive. Everything else (writes, Cluster, TLS, unix sockets) stays on redis-py.
+path, and the same command written to a transport and parsed by hiredis took a fraction of the
+time it takes through redis-py's asyncio client (``python bench/bench_cache.py --ids 140 --iters
+2000``: "L2 MGET", redis-py against the lean connection). redis-py packs each argument in Python,
+takes a connection from its pool under a lock and reads through a StreamReader; here the command
+is one ``bytes`` and replies are parsed as they arrive. Everything else (writes, Cluster, TLS,
+unix sockets) stays on redis-py.
 
 One connection, pipelined: concurrent callers write their commands back to back and their
 futures wait in arrival order, which is the order Redis answers in. A caller that gives up
