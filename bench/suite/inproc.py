@@ -12,13 +12,15 @@ B4 (PyG monolith): ``runners.feature.sampling.sample_tree`` -> ``training_export
 B3 at 1 node also after an idle gap before each call (``b3_idle``, ``--idle-ms``): a service at
 concurrency 1 runs its share of a request and then waits ~10 ms for the next, and on a shared VM
 the same code then runs several times slower than back to back (caches gone meanwhile, whether
-the process sleeps or spins; bench/suite/findings.md).
+the process sleeps or spins; the findings in docs/performance.md).
 Both also as a monolith serving concurrent callers (``*_callers``): one caller thread per core,
 each with 1 compute thread, calls counted over the same wall time. The served app's best
 bulk figure comes from concurrent requests; this is the monolith's way to use the same cores
 (torch and ONNX Runtime release the GIL while they compute).
 
-Same Zipf(1.0) targets for both. Run as a subprocess so that torch never loads into the driver:
+Same Zipf(1.0) targets for both. The keys of the output are the variants' in
+``bench/suite/targets.py`` (which the report reads them by). Run as a subprocess so that torch
+never loads into the driver:
 
     BENTOML_HOME=/tmp/gsage-bench-home python -m bench.suite.inproc --budget 3 > b34.json
 """
@@ -35,6 +37,8 @@ import time
 
 import numpy as np
 
+from bench.suite.targets import (B3_CALLERS, B3_IDLE, B3_NO_L1, B3_WITH_L1, B4_ALL_THREADS, B4_CALLERS, B4_ONE_THREAD,
+                                 INPROC_VARIANTS)
 from bench.suite.workload import time_calls
 
 
@@ -122,9 +126,10 @@ def main() -> None:
     premean = PREMEAN in loaded.input_layouts and settings.premean
     out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "b3_premean": premean,
                  "num_nodes": snap.num_nodes,
-                 "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0, "b3": {}, "b4": {},
-                 "b4_threads_all": {}, "b3_no_l1": {}, "b3_callers": {}, "b4_callers": {}, "b3_idle": {},
-                 "idle_ms": a.idle_ms}
+                 "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0,
+                 **{v.key: {} for v in INPROC_VARIANTS}, "idle_ms": a.idle_ms}
+    b3k, b3_bare_k, b3_idle_k, b3_callers_k = B3_WITH_L1.key, B3_NO_L1.key, B3_IDLE.key, B3_CALLERS.key
+    b4k, b4_all_k, b4_callers_k = B4_ONE_THREAD.key, B4_ALL_THREADS.key, B4_CALLERS.key
     callers = os.cpu_count() or 1
 
     def make_b3(nb: NeighbourhoodBuilder, own_loop: asyncio.AbstractEventLoop, own_rng: np.random.Generator):
@@ -162,27 +167,27 @@ def main() -> None:
         inputs = [zipf.draw(n) for _ in range(64 if n <= 64 else 8)]
         min_calls = 20 if n <= 64 else 5
         torch.set_num_threads(1)
-        out["b3"][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls), n)
-        out["b3_no_l1"][str(n)] = _stats(_timed(b3_bare, inputs, a.budget / 2, min_calls), n)
+        out[b3k][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls), n)
+        out[b3_bare_k][str(n)] = _stats(_timed(b3_bare, inputs, a.budget / 2, min_calls), n)
         if n == 1 and a.idle_ms > 0:
-            out["b3_idle"][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls, idle_s=a.idle_ms / 1e3), n)
-        out["b4"][str(n)] = _stats(_timed(b4, inputs, a.budget, min_calls), n)
+            out[b3_idle_k][str(n)] = _stats(_timed(b3, inputs, a.budget, min_calls, idle_s=a.idle_ms / 1e3), n)
+        out[b4k][str(n)] = _stats(_timed(b4, inputs, a.budget, min_calls), n)
         torch.set_num_threads(os.cpu_count() or 1)
-        out["b4_threads_all"][str(n)] = _stats(_timed(b4, inputs, a.budget / 2, min_calls), n)
+        out[b4_all_k][str(n)] = _stats(_timed(b4, inputs, a.budget / 2, min_calls), n)
         if n >= 64 and callers > 1:  # bulk: the throughput figure of T3
             torch.set_num_threads(1)
-            out["b3_callers"][str(n)] = _concurrent(b3_bare_caller, inputs, a.budget / 2, callers, n)
-            out["b4_callers"][str(n)] = _concurrent(b4_caller, inputs, a.budget / 2, callers, n)
+            out[b3_callers_k][str(n)] = _concurrent(b3_bare_caller, inputs, a.budget / 2, callers, n)
+            out[b4_callers_k][str(n)] = _concurrent(b4_caller, inputs, a.budget / 2, callers, n)
         k = str(n)
-        line = (f"  in-process {n:>4} nodes: B3 {out['b3'][k]['nodes_per_s']:,.0f} nodes/s p99 "
-                f"{out['b3'][k]['p99_ms']:.2f} ms (no L1: {out['b3_no_l1'][k]['nodes_per_s']:,.0f})")
-        if k in out["b3_idle"]:
-            line += (f" | B3 after {a.idle_ms:g} ms idle: mean {out['b3_idle'][k]['mean_ms']:.2f} ms vs "
-                     f"{out['b3'][k]['mean_ms']:.2f} back to back")
-        line += f" | B4 {out['b4'][k]['nodes_per_s']:,.0f} nodes/s"
-        if k in out["b4_callers"]:
-            line += (f" | {callers} callers: B3 {out['b3_callers'][k]['nodes_per_s']:,.0f}, "
-                     f"B4 {out['b4_callers'][k]['nodes_per_s']:,.0f} nodes/s")
+        line = (f"  in-process {n:>4} nodes: B3 {out[b3k][k]['nodes_per_s']:,.0f} nodes/s p99 "
+                f"{out[b3k][k]['p99_ms']:.2f} ms (no L1: {out[b3_bare_k][k]['nodes_per_s']:,.0f})")
+        if k in out[b3_idle_k]:
+            line += (f" | B3 after {a.idle_ms:g} ms idle: mean {out[b3_idle_k][k]['mean_ms']:.2f} ms vs "
+                     f"{out[b3k][k]['mean_ms']:.2f} back to back")
+        line += f" | B4 {out[b4k][k]['nodes_per_s']:,.0f} nodes/s"
+        if k in out[b4_callers_k]:
+            line += (f" | {callers} callers: B3 {out[b3_callers_k][k]['nodes_per_s']:,.0f}, "
+                     f"B4 {out[b4_callers_k][k]['nodes_per_s']:,.0f} nodes/s")
         print(line, file=sys.stderr, flush=True)
     out["torch_threads_all"] = os.cpu_count()
     loop.close()

@@ -1,6 +1,11 @@
-"""Plots (PNG) and the Markdown report from the suite's JSON.
+"""Plots (PNG) and the Markdown report (``report.md``, beside the plots) from the suite's JSON.
 
-    python -m bench.suite.report bench/results/suite.json   # re-render without re-running
+    python -m bench.suite --report-from bench/results/suite.json   # re-render without re-running
+
+What it judges is data: the scenarios in ``bench/suite/scenarios.py`` (the rows are found by
+those objects) and the targets and baselines in ``bench/suite/targets.py`` (each target's verdict
+and "missed by" come from its checks). The report is the only thing written about a run;
+docs/performance.md explains the targets and links to it.
 """
 
 from __future__ import annotations
@@ -8,12 +13,19 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
+import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from bench.suite import scenarios as sc
+from bench.suite.scenarios import Scenario
+from bench.suite.targets import (B1, B2, B3, B3_CALLERS, B3_IDLE, B3_NO_L1, B3_WITH_L1, B4, B4_ALL_THREADS,
+                                 B4_CALLERS, B4_ONE_THREAD, BASELINES, T1, T2, T3, T4, T5, TARGETS, Baseline, Target)
+
 NAN = float("nan")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = os.path.join(ROOT, "docs", "performance.md")
 
 
 def _pyplot():
@@ -53,16 +65,16 @@ def retrieval_p99(row: dict | None) -> tuple[float, bool]:
     return sum(v for v in (ms(st.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")) if v == v), False
 
 
-def paired_or_own(s: dict[str, dict], app: str, base: str) -> tuple[dict | None, dict | None, dict | None]:
+def paired_or_own(s: dict[str, dict], app: Scenario, base: Scenario) -> tuple[dict | None, dict | None, dict | None]:
     """The app's and the baseline's rows a target is judged on: the interleaved "(paired)" windows
     when the run has both, else the scenarios' own windows; and the app's own window (its CPU)."""
-    pa, pb = s.get(f"{app} (paired)"), s.get(f"{base} (paired)")
+    pa, pb = s.get(app.paired_name), s.get(base.paired_name)
     if pa and pb and pa.get("ok") and pb.get("ok"):
-        return pa, pb, s.get(app)
-    return s.get(app), s.get(base), s.get(app)
+        return pa, pb, s.get(app.name)
+    return s.get(app.name), s.get(base.name), s.get(app.name)
 
 
-def pairing_note(s: dict[str, dict], a: dict, b: dict, app: str, base: str,
+def pairing_note(s: dict[str, dict], a: dict, b: dict, app: Scenario, base: Scenario,
                  figure: Callable[[dict], float]) -> str:
     """How the judged ratio was measured, the interleaved windows' own spread, and the ratio of
     the separate windows for comparison."""
@@ -73,131 +85,150 @@ def pairing_note(s: dict[str, dict], a: dict, b: dict, app: str, base: str,
     note = f" (interleaved, {len(a['windows'])} windows each"
     if per:
         note += f"; per window pair {min(per):.2f}-{max(per):.2f}x"
-    own_a, own_b = s.get(app), s.get(base)
+    own_a, own_b = s.get(app.name), s.get(base.name)
     if own_a and own_b and figure(own_b):
         note += f"; separate windows {figure(own_a) / figure(own_b):.2f}x"
     return note + ")"
 
 
 # -- targets ---------------------------------------------------------------------------------------
+#
+# Each target's renderer picks the rows it is judged on (``Target.app``, its baselines) and words
+# the figures; ``_verdict`` judges them by the target's checks.
+
+def _cpu(row: dict | None) -> str:
+    if not row:
+        return ""
+    u = row.get("cpu_util", {})
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(u.items(), key=lambda kv: -kv[1]))
 
 
-def targets(res: dict) -> list[dict]:
-    s = by_name(res)
-    out = []
+def _verdict(t: Target, row: Mapping, base_rows: Mapping[Baseline, Mapping], *, figure: str, baseline: str,
+             floor: str = "", note: str = "", cpu: str = "") -> dict:
+    """The table row of target ``t``: judged by its checks on ``row`` (and ``base_rows`` for the
+    ratios); ``floor`` is appended to a miss (a baseline missed the bound too)."""
+    values = t.values(row, base_rows)
+    ok, miss = t.judge(values)
+    ratio = ", ".join(f"{v:.2f}x {c.vs.id}" for c, v in zip(t.checks, values) if c.vs is not None and v is not None)
+    return {"id": t.id, "what": t.title, "pass": ok, "figure": figure, "baseline": baseline, "ratio": ratio + note,
+            "miss_by": None if ok else miss + floor, "cpu": cpu, "target": t}
+
+
+def _pair_note(t: Target, s: dict[str, dict], a: dict, b: dict) -> str:
+    metric = t.ratio_metric
+    return pairing_note(s, a, b, t.app[0], t.pairing.against, lambda r: r[metric])
+
+
+def _target_single_c1(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
+    app, b1, own = paired_or_own(s, t.app[0], t.pairing.against)
+    if not (app and b1):
+        return None
+    base = t.baselines[0]
+    return _verdict(t, app, {base: b1},
+                    figure=f"P99 {app['p99_ms']:.2f} ms (P50 {app['p50_ms']:.2f})",
+                    baseline=f"{base.id} P99 {b1['p99_ms']:.2f} ms (P50 {b1['p50_ms']:.2f})",
+                    note=_pair_note(t, s, app, b1), cpu=_cpu(own),
+                    floor=floor_note(f"{base.id}, doing no work,", b1["p99_ms"], app["p99_ms"],
+                                     t.absolute("p99_ms").bound))
+
+
+def _target_single_c32(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
+    app, b2, own = paired_or_own(s, t.app[0], t.pairing.against)
+    if not (app and b2):
+        return None
+    base = t.baselines[0]
+    b1 = s.get(sc.B1_C32.name)  # the three trivial services at the same concurrency, for comparison
+    return _verdict(t, app, {base: b2},
+                    figure=f"{app['req_per_s']:.0f} req/s, P99 {app['p99_ms']:.1f} ms, {app['error_count']} errors"
+                           f"{', ' + str(app['degraded']) + ' degraded' if app['degraded'] else ''}",
+                    baseline=f"{base.id} {b2['req_per_s']:.0f} req/s (P99 {b2['p99_ms']:.1f} ms)"
+                             + (f"; {B1.id} {b1['req_per_s']:.0f} req/s (P99 {b1['p99_ms']:.1f} ms)" if b1 else ""),
+                    note=_pair_note(t, s, app, b2), cpu=_cpu(own),
+                    floor=floor_note(f"{base.id}, doing no work,", b2["p99_ms"], app["p99_ms"],
+                                     t.absolute("p99_ms").bound))
+
+
+def _target_bulk(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
+    bulk = [s[x.name] for x in t.app if x.name in s]
     inproc = res.get("baselines", {}).get("inproc", {})
-
-    def cpu(row: dict | None) -> str:
-        if not row:
-            return ""
-        u = row.get("cpu_util", {})
-        return ", ".join(f"{k} {v:.0%}" for k, v in sorted(u.items(), key=lambda kv: -kv[1]))
-
-    # T1
-    app, b1, own = paired_or_own(s, "single zipf c=1", "B1 single c=1")
-    if app and b1:
-        ratio = app["p99_ms"] / b1["p99_ms"]
-        ok = ratio <= 1.3 and app["p99_ms"] <= 10.0
-        out.append({"id": "T1", "what": "single node, c=1: e2e P99 <= 1.3x B1 P99 and <= 10 ms", "pass": ok,
-                    "figure": f"P99 {app['p99_ms']:.2f} ms (P50 {app['p50_ms']:.2f})",
-                    "baseline": f"B1 P99 {b1['p99_ms']:.2f} ms (P50 {b1['p50_ms']:.2f})",
-                    "ratio": f"{ratio:.2f}x B1" + pairing_note(s, app, b1, "single zipf c=1", "B1 single c=1",
-                                                            lambda r: r["p99_ms"]),
-                    "miss_by": None if ok else _miss([("ratio", ratio, 1.3, "x"), ("P99", app["p99_ms"], 10.0, " ms")])
-                    + floor_note("B1, doing no work,", b1["p99_ms"], app["p99_ms"], 10.0),
-                    "cpu": cpu(own)})
-    # T2
-    app, b2, own = paired_or_own(s, "single zipf c=32", "B2 single c=32")
-    if app and b2:
-        ratio = app["req_per_s"] / b2["req_per_s"]
-        errs = app["error_count"]
-        ok = ratio >= 0.6 and app["p99_ms"] <= 45.0 and errs == 0
-        b1 = s.get("B1 single c=32")
-        out.append({"id": "T2", "what": "single node, c=32: req/s >= 0.6x B2, P99 <= 45 ms, zero errors", "pass": ok,
-                    "figure": f"{app['req_per_s']:.0f} req/s, P99 {app['p99_ms']:.1f} ms, {errs} errors"
-                              f"{', ' + str(app['degraded']) + ' degraded' if app['degraded'] else ''}",
-                    "baseline": f"B2 {b2['req_per_s']:.0f} req/s (P99 {b2['p99_ms']:.1f} ms)"
-                                + (f"; B1 {b1['req_per_s']:.0f} req/s (P99 {b1['p99_ms']:.1f} ms)" if b1 else ""),
-                    "ratio": f"{ratio:.2f}x B2" + pairing_note(s, app, b2, "single zipf c=32", "B2 single c=32",
-                                                            lambda r: r["req_per_s"]),
-                    "miss_by": None if ok else _miss([("req/s ratio", ratio, 0.6, "x", True),
-                                                      ("P99", app["p99_ms"], 45.0, " ms"),
-                                                      ("errors", errs, 0, "")])
-                    + floor_note("B2, doing no work,", b2["p99_ms"], app["p99_ms"], 45.0),
-                    "cpu": cpu(own)})
-    # T3
-    bulk = [s[k] for k in BULK_256 if k in s]
-    # The app's best concurrency against each monolith's best way to use the cores: with and
-    # without L1, compute threads, concurrent caller threads.
-    b3 = _best(inproc, ("b3", "b3_no_l1", "b3_callers"))
-    b4 = _best(inproc, ("b4", "b4_threads_all", "b4_callers"))
-    if bulk and b3 and b4:
-        best = max(bulk, key=lambda r: r["nodes_per_s"])
-        r3, r4 = best["nodes_per_s"] / b3["nodes_per_s"], best["nodes_per_s"] / b4["nodes_per_s"]
-        ok = r3 >= 0.5 and r4 >= 1.0
-        out.append({"id": "T3", "what": "bulk 256 nodes: nodes/s >= 0.5x B3 and >= 1.0x B4", "pass": ok,
-                    "figure": f"{best['nodes_per_s']:,.0f} nodes/s ({best['name']}, P50 {best['p50_ms']:.1f} ms)",
-                    "baseline": f"B3 {b3['nodes_per_s']:,.0f} nodes/s (P50 {b3['p50_ms']:.1f} ms; {_variant(b3)}); "
-                                f"B4 {b4['nodes_per_s']:,.0f} nodes/s ({_variant(b4)})",
-                    "ratio": f"{r3:.2f}x B3, {r4:.2f}x B4",
-                    "miss_by": None if ok else _miss([("vs B3", r3, 0.5, "x", True), ("vs B4", r4, 1.0, "x", True)]),
-                    "cpu": cpu(best)})
-    # T4: the warmest Zipf c=1 window (the end of the 100k phase), the first warm window beside it
-    app = s.get("single zipf c=1 (end of phase)") or s.get("single zipf c=1")
-    first = s.get("single zipf c=1")
-    if app:
-        st = app.get("stages", {})
-        p99 = {k: ms(st.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")}
-        share = {k: (st.get(f"feature_{k}", {}).get("count", 0) / max(st.get("feature_l1", {}).get("count", 1), 1))
-                 for k in ("l1", "l2", "origin")}
-        fetch_p99, measured = retrieval_p99(app)
-        first_p99 = retrieval_p99(first)[0] if first is not None and first is not app else NAN
-        rel = "=" if measured else "<="  # the whole fetch's histogram, or the sum of the levels' P99s
-        hr = app.get("hit_ratio") or {}
-        combined = hr.get("combined", NAN)
-        judged = max(fetch_p99, first_p99) if first_p99 == first_p99 else fetch_p99
-        ok = judged <= 1.0 and combined >= 0.95
-        nr = s.get("single zipf c=1 (no redis)")
-        nr_p99, nr_measured = retrieval_p99(nr) if nr else (NAN, False)
-        out.append({"id": "T4", "what": "feature retrieval in the FeatureRunner: P99 <= 1 ms warm; "
-                                        "L1+L2 hit ratio >= 95% on Zipf(1.0), L1 = 10% of features", "pass": ok,
-                    "figure": f"retrieval P99 {rel} {fetch_p99:.3f} ms (per level: L1 {f(p99['l1'], '{:.3f}')}, "
-                              f"L2 {f(p99['l2'], '{:.3f}')} in {share['l2']:.0%} of batches, origin "
-                              f"{f(p99['origin'], '{:.3f}')} in {share['origin']:.0%}); hit L1+L2 {combined:.1%} "
-                              f"(L1 {hr.get('l1', NAN):.1%}, L2 {hr.get('l2', NAN):.1%}; {app['name']}, "
-                              f"{app.get('redis_keys_after', 0):,} rows in Redis)"
-                              + (f"; first warm window: retrieval P99 {rel} {first_p99:.3f} ms, hit "
-                                 f"{first['hit_ratio']['combined']:.1%}" if first is not app and first.get("hit_ratio")
-                                 else ""),
-                    "baseline": "SLO of the design: P99 < 10 ms, hit rate > 90%"
-                                + (f"; without Redis (L1 + memory-mapped origin) retrieval P99 "
-                                   f"{'=' if nr_measured else '<='} {nr_p99:.3f} ms" if nr else "")
-                                + mget_line(res.get("baselines", {}).get("redis_mget", {})),
-                    "ratio": "",
-                    "miss_by": None if ok else _miss([("retrieval P99 (worse window)", judged, 1.0, " ms"),
-                                                      ("hit ratio", combined * 100, 95.0, "%", True)])
-                    + floor_note("a bare MGET after idle", mget_idle_p99(res), judged, 1.0),
-                    "cpu": ""})
-    # T5
-    one_m = [r for r in res["scenarios"] if r.get("graph") == "1M/10M"]
-    if one_m:
-        errs = sum(r["error_count"] for r in one_m)
-        w = s.get("1M single zipf c=1")
-        out.append({"id": "T5", "what": "scale: the 1M/10M graph served", "pass": errs == 0 and w is not None,
-                    "figure": f"{sum(r['ok'] for r in one_m):,} requests, {errs} errors; c=1 P99 "
-                              f"{f(w and w.get('p99_ms'))} ms",
-                    "baseline": "100k/1M: c=1 P99 " + f(s.get("single zipf c=1", {}).get("p99_ms")) + " ms",
-                    "ratio": "", "miss_by": None, "cpu": ""})
-    else:
-        out.append({"id": "T5", "what": "scale: the 1M/10M graph served", "pass": None,
-                    "figure": "not run (" + "; ".join(x for x in res.get("skipped", []) if "1M" in x) + ")",
-                    "baseline": "", "ratio": "", "miss_by": None, "cpu": ""})
-    return out
+    best_base = {b: best_of(inproc, b) for b in t.baselines}
+    if not (bulk and all(best_base.values())):
+        return None
+    best = max(bulk, key=lambda r: r["nodes_per_s"])
+    b3, b4 = (best_base[b] for b in t.baselines)
+    return _verdict(t, best, best_base,
+                    figure=f"{best['nodes_per_s']:,.0f} nodes/s ({best['name']}, P50 {best['p50_ms']:.1f} ms)",
+                    baseline=f"{t.baselines[0].id} {b3['nodes_per_s']:,.0f} nodes/s (P50 {b3['p50_ms']:.1f} ms; "
+                             f"{_variant(b3)}); {t.baselines[1].id} {b4['nodes_per_s']:,.0f} nodes/s ({_variant(b4)})",
+                    cpu=_cpu(best))
 
 
-def what_if(s: dict[str, dict], c: int) -> dict | None:
-    """The batching-window what-if at concurrency ``c`` (named after the delay it ran with)."""
-    return next((r for n, r in s.items() if n.startswith(f"single zipf c={c} (batch delay")), None)
+def _target_retrieval(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
+    warmest, first_sc = t.app
+    app = s.get(warmest.name) or s.get(first_sc.name)
+    first = s.get(first_sc.name)
+    if not app:
+        return None
+    st = app.get("stages", {})
+    p99 = {k: ms(st.get(f"feature_{k}"), "p99_s") for k in ("l1", "l2", "origin")}
+    share = {k: (st.get(f"feature_{k}", {}).get("count", 0) / max(st.get("feature_l1", {}).get("count", 1), 1))
+             for k in ("l1", "l2", "origin")}
+    fetch_p99, measured = retrieval_p99(app)
+    first_p99 = retrieval_p99(first)[0] if first is not None and first is not app else NAN
+    rel = "=" if measured else "<="  # the whole fetch's histogram, or the sum of the levels' P99s
+    hr = app.get("hit_ratio") or {}
+    combined = hr.get("combined", NAN)
+    judged = max(fetch_p99, first_p99) if first_p99 == first_p99 else fetch_p99
+    nr = s.get(sc.NOREDIS_C1.name)
+    nr_p99, nr_measured = retrieval_p99(nr) if nr else (NAN, False)
+    return _verdict(t, {"retrieval_p99_ms": judged, "hit_pct": combined * 100}, {},
+                    figure=f"retrieval P99 {rel} {fetch_p99:.3f} ms (per level: L1 {f(p99['l1'], '{:.3f}')}, "
+                           f"L2 {f(p99['l2'], '{:.3f}')} in {share['l2']:.0%} of batches, origin "
+                           f"{f(p99['origin'], '{:.3f}')} in {share['origin']:.0%}); hit L1+L2 {combined:.1%} "
+                           f"(L1 {hr.get('l1', NAN):.1%}, L2 {hr.get('l2', NAN):.1%}; {app['name']}, "
+                           f"{app.get('redis_keys_after', 0):,} rows in Redis)"
+                           + (f"; first warm window: retrieval P99 {rel} {first_p99:.3f} ms, hit "
+                              f"{first['hit_ratio']['combined']:.1%}" if first is not app and first.get("hit_ratio")
+                              else ""),
+                    baseline=t.reference
+                             + (f"; without Redis (L1 + memory-mapped origin) retrieval P99 "
+                                f"{'=' if nr_measured else '<='} {nr_p99:.3f} ms" if nr else "")
+                             + mget_line(res.get("baselines", {}).get("redis_mget", {})),
+                    floor=floor_note("a bare MGET after idle", mget_idle_p99(res), judged,
+                                     t.absolute("retrieval_p99_ms").bound))
+
+
+def _target_scale(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
+    window = t.app[0]
+    rows = [r for r in res["scenarios"] if r.get("graph") == window.graph]
+    if not rows:
+        return {"id": t.id, "what": t.title, "pass": None, "target": t,
+                "figure": "not run (" + "; ".join(x for x in res.get("skipped", []) if window.graph in x) + ")",
+                "baseline": "", "ratio": "", "miss_by": None, "cpu": ""}
+    errs = sum(r["error_count"] for r in rows)
+    w = s.get(window.name)
+    return _verdict(t, {"error_count": errs} if w is not None else {}, {},  # no c=1 window: not met
+                    figure=f"{sum(r['ok'] for r in rows):,} requests, {errs} errors; c=1 P99 "
+                           f"{f(w and w.get('p99_ms'))} ms",
+                    baseline=f"{sc.SINGLE_C1.graph}: c=1 P99 " + f(s.get(sc.SINGLE_C1.name, {}).get("p99_ms")) + " ms")
+
+
+# Which rows each target is judged on and how its figures read; the bounds are the target's own.
+RENDER: dict[str, Callable[[Target, dict, dict[str, dict]], dict | None]] = {
+    T1.id: _target_single_c1, T2.id: _target_single_c32, T3.id: _target_bulk, T4.id: _target_retrieval,
+    T5.id: _target_scale}
+
+
+def targets(res: dict, defs: tuple[Target, ...] | None = None) -> list[dict]:
+    """One table row per target of ``defs`` (default ``TARGETS``) the run measured, judged by the
+    target's checks."""
+    s = by_name(res)
+    return [row for t in (TARGETS if defs is None else defs) if (row := RENDER[t.id](t, res, s)) is not None]
+
+
+def what_if(s: dict[str, dict], scenario: Scenario) -> dict | None:
+    """The batching-window what-if of ``scenario`` (named after the delay it ran with)."""
+    return next((r for n, r in s.items() if n.startswith(scenario.what_if_prefix)), None)
 
 
 def top_parts(row: dict | None, k: int = 3) -> str:
@@ -242,80 +273,95 @@ def limited_by(res: dict, tg: list[dict]) -> None:
     """Attach a measured 'what limits it' line to each missed target."""
     s = by_name(res)
     for t in tg:
-        if t["pass"] is not False:
-            continue
-        if t["id"] == "T1":
-            app, b1 = s.get("single zipf c=1"), s.get("B1 single c=1")
-            parts = breakdown(app)
-            work = sum(v for k, v in parts.items() if k in ("feature: sample", "feature: L1", "feature: L2",
-                                                            "feature: origin", "feature: assemble", "model: compute"))
-            t["limit"] = (f"mean {app['mean_ms']:.2f} ms vs B1 {b1['mean_ms']:.2f} ms: +{app['mean_ms'] - b1['mean_ms']:.2f} ms, "
-                          f"of which sampling+fetch+assemble+forward {work:.2f} ms and the model batcher's wait "
-                          f"{parts['model: queue']:.2f} ms (GSAGE_MAX_BATCH_DELAY_MS); largest: {top_parts(app)}")
-            inproc = res.get("baselines", {}).get("inproc", {})
-            b3, idle = inproc.get("b3", {}).get("1"), inproc.get("b3_idle", {}).get("1")
-            if b3:
-                t["limit"] += (f"; the same work in one process (B3, 1 node, sampler + ONNX Runtime, L1): mean "
-                               f"{b3['mean_ms']:.2f} ms back to back, {work / b3['mean_ms']:.1f}x less than its "
-                               "stages in the services")
-            if b3 and idle:
-                t["limit"] += (f", but {idle['mean_ms']:.2f} ms ({idle['mean_ms'] / b3['mean_ms']:.1f}x) with "
-                               f"{inproc.get('idle_ms', 0):g} ms of idle before each call, as a service at c=1 "
-                               "waits between requests")
-            extra = cpu_extra(app, b1)
-            if extra:
-                t["limit"] += f"; CPU per request beyond B1's: {extra}"
-            for svc in ("feature", "model"):
-                prof = res.get("profiles", {}).get(f"{svc}_c1")
-                if prof:
-                    t["limit"] += (f"; {svc} profile at c=1: " + ", ".join(
-                        f"{k} {v:.0%}" for k, v in list(prof["by_component"].items())[:5]))
-            d0 = what_if(s, 1)
-            if d0:
-                t["limit"] += (f"; {d0['name']}: P99 {d0['p99_ms']:.2f} ms (P50 {d0['p50_ms']:.2f}), model queue "
-                               f"{ms(d0.get('stages', {}).get('model_queue')):.2f} ms")
-        elif t["id"] == "T2":
-            app = s.get("single zipf c=32")
-            u = sorted(app["cpu_util"].items(), key=lambda kv: -kv[1])
-            total = sum(v for _, v in u)
-            prof = res.get("profiles", {}).get("gateway_c32")
-            t["limit"] = (f"CPU: our processes used {total:.2f} of 2 cores (" + ", ".join(f"{k} {v:.2f}" for k, v in u)
-                          + f"); largest stages: {top_parts(app)}")
-            if prof:
-                t["limit"] += ("; gateway profile: " + ", ".join(f"{k} {v:.0%}" for k, v in
-                                                                 list(prof["by_component"].items())[:4]))
-            d0 = what_if(s, 32)
-            if d0:
-                t["limit"] += f"; {d0['name']}: {d0['req_per_s']:.0f} req/s, P99 {d0['p99_ms']:.1f} ms"
-        elif t["id"] == "T3":
-            rows = [s[k] for k in BULK_256 if k in s]
-            best = max(rows, key=lambda r: r["nodes_per_s"])
-            b1 = s.get("B1 bulk 256 c=1")
-            t["limit"] = f"{best['name']}: largest stages {top_parts(s.get('bulk 256 zipf c=1'))}"
-            if b1:
-                t["limit"] += f"; the empty 3-service chain alone moves 256 nodes in {b1['mean_ms']:.1f} ms (B1)"
-            l2 = best.get("cache_counters", {}).get("l2", {})
-            if l2.get("errors") or l2.get("skipped") or l2.get("writes_dropped"):
-                t["limit"] += (f"; L2 under bulk load: {l2.get('errors', 0)} read timeouts, {l2.get('skipped', 0)} "
-                               f"reads skipped (circuit open), {l2.get('writes_dropped', 0):,} rows of write-back dropped")
-        elif t["id"] == "T4":
-            app = s.get("single zipf c=1 (end of phase)") or s.get("single zipf c=1")
-            st = app.get("stages", {})
-            t["limit"] = ("per-stage P99 (bucket-interpolated): " + ", ".join(
-                f"{k} {ms(st.get('feature_' + k), 'p99_s'):.2f} ms" for k in ("l1", "l2", "origin") if st.get("feature_" + k))
-                + f"; an L2 read is one MGET round trip to Redis for the L1 misses")
-            idle = res.get("baselines", {}).get("redis_mget", {}).get("idle", {})
-            if idle.get("calls"):
-                t["limit"] += (f"; with no service around it, that round trip alone reads P50 {idle['p50_ms']:.2f} "
-                               f"ms, P99 {idle['p99_ms']:.2f} ms after {idle['idle_ms']:g} ms idle (the gap between "
-                               "requests at c=1)")
+        if t["pass"] is False and t["id"] in LIMITS:
+            LIMITS[t["id"]](t, res, s)
 
 
-BULK_256 = ("bulk 256 zipf c=1", "bulk 256 zipf c=4", "bulk 256 zipf c=16")  # T3: the best of these
+def _limit_single_c1(t: dict, res: dict, s: dict[str, dict]) -> None:
+    target: Target = t["target"]
+    app, b1 = s.get(target.app[0].name), s.get(target.pairing.against.name)
+    parts = breakdown(app)
+    work = sum(v for k, v in parts.items() if k in ("feature: sample", "feature: L1", "feature: L2",
+                                                    "feature: origin", "feature: assemble", "model: compute"))
+    t["limit"] = (f"mean {app['mean_ms']:.2f} ms vs {B1.id} {b1['mean_ms']:.2f} ms: +{app['mean_ms'] - b1['mean_ms']:.2f} ms, "
+                  f"of which sampling+fetch+assemble+forward {work:.2f} ms and the model batcher's wait "
+                  f"{parts['model: queue']:.2f} ms (GSAGE_MAX_BATCH_DELAY_MS); largest: {top_parts(app)}")
+    inproc = res.get("baselines", {}).get("inproc", {})
+    b3, idle = inproc.get(B3_WITH_L1.key, {}).get("1"), inproc.get(B3_IDLE.key, {}).get("1")
+    if b3:
+        t["limit"] += (f"; the same work in one process ({B3.id}, 1 node, sampler + ONNX Runtime, L1): mean "
+                       f"{b3['mean_ms']:.2f} ms back to back, {work / b3['mean_ms']:.1f}x less than its "
+                       "stages in the services")
+    if b3 and idle:
+        t["limit"] += (f", but {idle['mean_ms']:.2f} ms ({idle['mean_ms'] / b3['mean_ms']:.1f}x) with "
+                       f"{inproc.get('idle_ms', 0):g} ms of idle before each call, as a service at c=1 "
+                       "waits between requests")
+    extra = cpu_extra(app, b1)
+    if extra:
+        t["limit"] += f"; CPU per request beyond {B1.id}'s: {extra}"
+    for p in (sc.PROFILE_FEATURE_C1, sc.PROFILE_MODEL_C1):
+        prof = res.get("profiles", {}).get(p.key)
+        if prof:
+            t["limit"] += (f"; {p.service} profile at c={p.scenario.concurrency}: " + ", ".join(
+                f"{k} {v:.0%}" for k, v in list(prof["by_component"].items())[:5]))
+    d0 = what_if(s, target.app[0])
+    if d0:
+        t["limit"] += (f"; {d0['name']}: P99 {d0['p99_ms']:.2f} ms (P50 {d0['p50_ms']:.2f}), model queue "
+                       f"{ms(d0.get('stages', {}).get('model_queue')):.2f} ms")
 
 
-INPROC_VARIANTS = {"b3": "with L1", "b3_no_l1": "without L1", "b3_callers": "concurrent callers, without L1",
-                   "b4": "1 thread", "b4_threads_all": "all threads", "b4_callers": "concurrent callers"}
+def _limit_single_c32(t: dict, res: dict, s: dict[str, dict]) -> None:
+    target: Target = t["target"]
+    app = s.get(target.app[0].name)
+    u = sorted(app["cpu_util"].items(), key=lambda kv: -kv[1])
+    total = sum(v for _, v in u)
+    p = sc.PROFILE_GATEWAY_C32
+    prof = res.get("profiles", {}).get(p.key)
+    t["limit"] = (f"CPU: our processes used {total:.2f} of 2 cores (" + ", ".join(f"{k} {v:.2f}" for k, v in u)
+                  + f"); largest stages: {top_parts(app)}")
+    if prof:
+        t["limit"] += (f"; {p.service} profile: " + ", ".join(f"{k} {v:.0%}" for k, v in
+                                                           list(prof["by_component"].items())[:4]))
+    d0 = what_if(s, target.app[0])
+    if d0:
+        t["limit"] += f"; {d0['name']}: {d0['req_per_s']:.0f} req/s, P99 {d0['p99_ms']:.1f} ms"
+
+
+def _limit_bulk(t: dict, res: dict, s: dict[str, dict]) -> None:
+    target: Target = t["target"]
+    rows = [s[x.name] for x in target.app if x.name in s]
+    best = max(rows, key=lambda r: r["nodes_per_s"])
+    b1 = s.get(sc.B1_BULK_256.name)
+    t["limit"] = f"{best['name']}: largest stages {top_parts(s.get(target.app[0].name))}"
+    if b1:
+        t["limit"] += f"; the empty 3-service chain alone moves 256 nodes in {b1['mean_ms']:.1f} ms ({B1.id})"
+    l2 = best.get("cache_counters", {}).get("l2", {})
+    if l2.get("errors") or l2.get("skipped") or l2.get("writes_dropped"):
+        t["limit"] += (f"; L2 under bulk load: {l2.get('errors', 0)} read timeouts, {l2.get('skipped', 0)} "
+                       f"reads skipped (circuit open), {l2.get('writes_dropped', 0):,} rows of write-back dropped")
+
+
+def _limit_retrieval(t: dict, res: dict, s: dict[str, dict]) -> None:
+    target: Target = t["target"]
+    app = s.get(target.app[0].name) or s.get(target.app[1].name)
+    st = app.get("stages", {})
+    t["limit"] = ("per-stage P99 (bucket-interpolated): " + ", ".join(
+        f"{k} {ms(st.get('feature_' + k), 'p99_s'):.2f} ms" for k in ("l1", "l2", "origin") if st.get("feature_" + k))
+        + "; an L2 read is one MGET round trip to Redis for the L1 misses")
+    idle = res.get("baselines", {}).get("redis_mget", {}).get("idle", {})
+    if idle.get("calls"):
+        t["limit"] += (f"; with no service around it, that round trip alone reads P50 {idle['p50_ms']:.2f} "
+                       f"ms, P99 {idle['p99_ms']:.2f} ms after {idle['idle_ms']:g} ms idle (the gap between "
+                       "requests at c=1)")
+
+
+LIMITS: dict[str, Callable[[dict, dict, dict[str, dict]], None]] = {
+    T1.id: _limit_single_c1, T2.id: _limit_single_c32, T3.id: _limit_bulk, T4.id: _limit_retrieval}
+
+
+def best_of(inproc: dict, baseline: Baseline) -> dict | None:
+    """An in-process baseline's figure: its fastest variant at 256 nodes."""
+    return _best(inproc, tuple(v.key for v in baseline.variants))
 
 
 def _best(inproc: dict, keys: tuple[str, ...]) -> dict | None:
@@ -325,8 +371,10 @@ def _best(inproc: dict, keys: tuple[str, ...]) -> dict | None:
 
 
 def _variant(r: dict) -> str:
-    tried = [v for k, v in INPROC_VARIANTS.items() if k[:2] == r["variant"][:2]]
-    return f"{INPROC_VARIANTS[r['variant']]}, the best of: {'; '.join(tried)}"
+    """The variant of ``r`` and those it was the best of (its baseline's)."""
+    base = next(b for b in BASELINES if any(v.key == r["variant"] for v in b.variants))
+    label = next(v.label for v in base.variants if v.key == r["variant"])
+    return f"{label}, the best of: {'; '.join(v.label for v in base.variants)}"
 
 
 def floor_note(what: str, base_p99_ms: float, app_p99_ms: float, bound_ms: float) -> str:
@@ -342,43 +390,30 @@ def mget_idle_p99(res: dict) -> float:
     return float(idle["p99_ms"]) if idle.get("calls") else NAN
 
 
-def _miss(checks: list[tuple]) -> str:
-    parts = []
-    for c in checks:
-        name, value, limit, unit = c[:4]
-        higher_is_better = len(c) > 4 and c[4]
-        bad = value < limit if higher_is_better else value > limit
-        if bad:
-            if limit:
-                parts.append(f"{name} {value:.2f}{unit} vs {limit:g}{unit} ({abs(value / limit - 1):.0%} "
-                             f"{'short' if higher_is_better else 'over'})")
-            else:
-                parts.append(f"{name} {value:g} vs {limit:g}")
-    return "; ".join(parts)
-
-
 # -- plots -----------------------------------------------------------------------------------------
+
+TRIVIAL = (sc.TRIVIAL_3, sc.TRIVIAL_1)  # the baselines' topologies: dashed
+
 
 def plot_cdf(res: dict, path: str) -> None:
     plt = _pyplot()
     s = by_name(res)
+    one_m = list(dict.fromkeys(r["name"] for r in res["scenarios"] if r.get("graph") == sc.G1M))
     panels = [
-        ("single node (100k/1M)", ["single zipf c=1", "single zipf c=8", "single zipf c=32", "single uniform c=1",
-                                   "single uniform c=32", "cold zipf c=1 (redis)", "single zipf c=1 (no redis)",
-                                   "B1 single c=1", "B1 single c=32", "B2 single c=1", "B2 single c=32"]),
-        ("bulk and open loop (100k/1M)", ["bulk 64 zipf c=1", "bulk 256 zipf c=1", "bulk 1024 zipf c=1",
-                                          "bulk 256 zipf c=4", "bulk 256 zipf c=16", "B1 bulk 256 c=1"]
-         + [n for n in s if n.startswith("open loop")]),
-        ("1M nodes / 10M edges (vs 100k/1M)", [n for n in s if n.startswith("1M ")]
-         + (["single zipf c=1", "single zipf c=32"] if any(n.startswith("1M ") for n in s) else [])),
+        (f"single node ({sc.G100K})", (sc.SINGLE_C1, sc.SINGLE_C8, sc.SINGLE_C32, sc.UNIFORM_C1, sc.UNIFORM_C32,
+                                       sc.COLD_REDIS, sc.NOREDIS_C1, sc.B1_C1, sc.B1_C32, sc.B2_C1, sc.B2_C32)),
+        (f"bulk and open loop ({sc.G100K})", (*sc.BULK, sc.B1_BULK_256, *sc.OPEN)),
     ]
+    panels = [(title, [x.name for x in scs]) for title, scs in panels]
+    panels.append((f"1M nodes / 10M edges (vs {sc.G100K})",
+                   one_m + ([sc.SINGLE_C1.name, sc.SINGLE_C32.name] if one_m else [])))
     panels = [(t, [n for n in names if n in s]) for t, names in panels]
     panels = [p for p in panels if p[1]]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
     for ax, (title, names) in zip(axes[0], panels):
         for n in names:
             c = s[n]["cdf"]
-            style = "--" if n.startswith(("B1", "B2")) else ":" if "cold" in n else "-"
+            style = "--" if s[n].get("topology") in TRIVIAL else ":" if s[n].get("cache") == "cold" else "-"
             ax.plot(c["ms"], c["q"], style, label=f"{n} (P99 {s[n].get('p99_ms', NAN):.1f})", lw=1.4)
         ax.set_xscale("log")
         ax.set_xlabel("latency, ms (log)")
@@ -395,26 +430,29 @@ def plot_cdf(res: dict, path: str) -> None:
 def plot_throughput(res: dict, path: str) -> None:
     plt = _pyplot()
     s = by_name(res)
-    series = {"app (Redis on)": "single zipf c={}", "B1 trivial 3 services": "B1 single c={}",
-              "B2 trivial 1 service": "B2 single c={}"}
+    series = {"app (Redis on)": (sc.SINGLE_C1, sc.SINGLE_C8, sc.SINGLE_C32),
+              f"{B1.id} {B1.label}": (sc.B1_C1, sc.B1_C8, sc.B1_C32),
+              f"{B2.id} {B2.label}": (sc.B2_C1, sc.B2_C8, sc.B2_C32)}
+    ticks = [x.concurrency for x in series["app (Redis on)"]]
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.2))
-    for label, pat in series.items():
-        cs = [c for c in (1, 8, 32) if pat.format(c) in s]
-        if not cs:
+    for label, scs in series.items():
+        rows = [(x.concurrency, s[x.name]) for x in scs if x.name in s]
+        if not rows:
             continue
-        a1.plot(cs, [s[pat.format(c)]["req_per_s"] for c in cs], "o-", label=label)
-        a2.plot(cs, [s[pat.format(c)]["p99_ms"] for c in cs], "o-", label=label)
+        a1.plot([c for c, _ in rows], [r["req_per_s"] for _, r in rows], "o-", label=label)
+        a2.plot([c for c, _ in rows], [r["p99_ms"] for _, r in rows], "o-", label=label)
     for ax, yl in ((a1, "req/s (closed loop)"), (a2, "P99 latency, ms")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks([1, 8, 32], ["1", "8", "32"])
+        ax.set_xticks(ticks, [str(c) for c in ticks])
         ax.set_xlabel("concurrency (single-node requests)")
         ax.set_ylabel(yl)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    a2.axhline(45, color="red", lw=0.8, ls="--")
+    p99_bound = T2.absolute("p99_ms").bound
+    a2.axhline(p99_bound, color="red", lw=0.8, ls="--")
     _plot_bulk(a3, res, s)
     a1.set_title("throughput vs concurrency")
-    a2.set_title("P99 vs concurrency (red: 45 ms)")
+    a2.set_title(f"P99 vs concurrency (red: {T2.id}'s {p99_bound:g} ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -422,22 +460,23 @@ def plot_throughput(res: dict, path: str) -> None:
 
 def _plot_bulk(ax, res: dict, s: dict) -> None:
     """T3: bulk-256 nodes/s of the app per concurrency, the monoliths' best as lines."""
-    cs = [c for c in (1, 4, 16) if f"bulk 256 zipf c={c}" in s]
-    ax.plot(cs, [s[f"bulk 256 zipf c={c}"]["nodes_per_s"] for c in cs], "o-", label="app, bulk 256 (Redis on)")
+    rows = [(x.concurrency, s[x.name]) for x in T3.app if x.name in s]
+    ax.plot([c for c, _ in rows], [r["nodes_per_s"] for _, r in rows], "o-", label="app, bulk 256 (Redis on)")
     inproc = res.get("baselines", {}).get("inproc", {})
-    for keys, label, colour in ((("b3", "b3_no_l1", "b3_callers"), "B3 best", "tab:green"),
-                                (("b4", "b4_threads_all", "b4_callers"), "B4 best", "tab:red")):
-        best = _best(inproc, keys)
+    for base, colour in zip(T3.baselines, ("tab:green", "tab:red")):
+        best = best_of(inproc, base)
         if best:
-            ax.axhline(best["nodes_per_s"], color=colour, lw=0.9, ls="--", label=f"{label} ({INPROC_VARIANTS[best['variant']]})")
+            label = next(v.label for v in base.variants if v.key == best["variant"])
+            ax.axhline(best["nodes_per_s"], color=colour, lw=0.9, ls="--", label=f"{base.id} best ({label})")
+    ticks = [x.concurrency for x in T3.app]
     ax.set_xscale("log", base=2)
-    ax.set_xticks([1, 4, 16], ["1", "4", "16"])
+    ax.set_xticks(ticks, [str(c) for c in ticks])
     ax.set_xlabel("concurrency (256-node requests)")
     ax.set_ylabel("nodes/s")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("T3: bulk nodes/s vs concurrency")
+    ax.set_title(f"{T3.id}: bulk nodes/s vs concurrency")
 
 
 BREAKDOWN = ("feature: sample", "feature: L1", "feature: L2", "feature: origin", "feature: assemble",
@@ -468,13 +507,14 @@ def breakdown(row: dict) -> dict[str, float]:
     return {k: (v if v == v else 0.0) for k, v in out.items()}
 
 
+BREAKDOWN_ROWS = (sc.SINGLE_C1, sc.SINGLE_C8, sc.SINGLE_C32, sc.UNIFORM_C1, sc.NOREDIS_C1, sc.COLD_REDIS, sc.BULK_64,
+                  sc.BULK_256, sc.BULK_1024, sc.ONE_M_C1, sc.ONE_M_C32, sc.ONE_M_BULK_256)
+
+
 def plot_breakdown(res: dict, path: str) -> list[tuple[str, dict[str, float], float]]:
     plt = _pyplot()
     s = by_name(res)
-    names = [n for n in ("single zipf c=1", "single zipf c=8", "single zipf c=32", "single uniform c=1",
-                         "single zipf c=1 (no redis)", "cold zipf c=1 (redis)", "bulk 64 zipf c=1",
-                         "bulk 256 zipf c=1", "bulk 1024 zipf c=1", "1M single zipf c=1", "1M single zipf c=32",
-                         "1M bulk 256 zipf c=1") if n in s and s[n].get("stages")]
+    names = [x.name for x in BREAKDOWN_ROWS if x.name in s and s[x.name].get("stages")]
     rows = [(n, breakdown(s[n]), s[n].get("mean_ms", NAN)) for n in names]
     if not rows:
         return rows
@@ -522,14 +562,15 @@ def cpu_per_request(row: dict) -> dict[str, float]:
     return {k: v * row["elapsed_s"] / ok * 1e3 for k, v in row.get("cpu_util", {}).items()}
 
 
-CPU_ROWS = ("single zipf c=1", "single zipf c=32", "single zipf c=32 (batch delay", "single zipf c=32 (no redis)",
-            "B1 single c=1", "B1 single c=32", "B2 single c=1", "B2 single c=32", "bulk 256 zipf c=1",
-            "bulk 256 zipf c=1 (no redis)", "B1 bulk 256 c=1", "1M single zipf c=32")
+# (scenario, True: its batching-window what-ifs instead of itself)
+CPU_ROWS = ((sc.SINGLE_C1, False), (sc.SINGLE_C32, False), (sc.SINGLE_C32, True), (sc.NOREDIS_C32, False),
+            (sc.B1_C1, False), (sc.B1_C32, False), (sc.B2_C1, False), (sc.B2_C32, False), (sc.BULK_256, False),
+            (sc.NOREDIS_BULK_256, False), (sc.B1_BULK_256, False), (sc.ONE_M_C32, False))
 
 
 def cpu_table(res: dict) -> list[str]:
     s = by_name(res)
-    rows = [n for p in CPU_ROWS for n in s if n == p or (p.endswith("delay") and n.startswith(p))]
+    rows = [n for x, what_ifs in CPU_ROWS for n in s if (n.startswith(x.what_if_prefix) if what_ifs else n == x.name)]
     if not rows:
         return []
     lines = ["| scenario | req/s | gateway | feature | model | services total | loadgen | "
@@ -547,12 +588,12 @@ def cpu_table(res: dict) -> list[str]:
 def scale_table(res: dict) -> list[str]:
     s = by_name(res)
     mem = res.get("memory", {})
-    pairs = [("100k/1M", "", "single zipf c=1", "single zipf c=32", "bulk 256 zipf c=1"),
-             ("1M/10M", "1M ", "1M single zipf c=1", "1M single zipf c=32", "1M bulk 256 zipf c=1")]
+    pairs = [(sc.G100K, sc.SINGLE_C1.name, sc.SINGLE_C32.name, sc.BULK_256.name),
+             (sc.G1M, sc.ONE_M_C1.name, sc.ONE_M_C32.name, sc.ONE_M_BULK_256.name)]
     lines = ["| graph | sample, 1 node (mean / P99 ms) | sample, 256 nodes (mean ms) | e2e P99 c=1 | e2e P99 c=32 | "
              "e2e P50 bulk 256 | RSS gateway | RSS feature | RSS model | Redis used | L1+L2 hit c=1 |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for graph, _, c1, c32, bulk in pairs:
+    for graph, c1, c32, bulk in pairs:
         if c1 not in s:
             continue
         st1 = s[c1].get("stages", {}).get("feature_sample")
@@ -606,7 +647,8 @@ def breakdown_table(rows: list[tuple[str, dict[str, float], float]]) -> list[str
     return lines
 
 
-def write(res: dict, out_dir: str, docs: str | None = None) -> str:
+def write(res: dict, out_dir: str) -> str:
+    """Plots and ``report.md`` into ``out_dir``; returns the report's path."""
     os.makedirs(out_dir, exist_ok=True)
     plot_cdf(res, os.path.join(out_dir, "latency_cdf.png"))
     plot_throughput(res, os.path.join(out_dir, "throughput_vs_concurrency.png"))
@@ -616,11 +658,11 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
     cfg = res["config"]
     inproc = res.get("baselines", {}).get("inproc", {})
     quick = cfg.get("quick")
-    img = "" if docs is None else os.path.relpath(out_dir, os.path.dirname(docs)) + "/"
+    docs = docs_link(out_dir)
     L: list[str] = []
     L += [f"# Performance{' (quick run)' if quick else ''}",
           "",
-          f"Generated by `python -m bench.suite{' --quick' if quick else ''}` on "
+          f"Generated by `{run_command(cfg)}` on "
           f"{cfg.get('started_at') or datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, {cfg['machine']['cpus']} CPUs, Python "
           f"{cfg['machine']['python']}; wall time {res.get('elapsed_s', 0):.0f} s. Load average (1/5/15 min) "
           f"at start {'/'.join(f'{x:.2f}' for x in cfg['loadavg_start'])}, at end "
@@ -642,6 +684,9 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           "",
           "## Targets",
           "",
+          f"The bounds are data (`bench/suite/targets.py`); what each target is for and how it is judged: "
+          f"[docs/performance.md]({docs}).",
+          "",
           "| target | result | measured | baseline (same run) | ratio | missed by |",
           "|---|---|---|---|---|---|"]
     for t in tg:
@@ -659,14 +704,10 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
           "the requests answered. Less sensitive to other tenants than latency; the last column is the throughput "
           "2 dedicated cores could sustain at that cost (load generator excluded).", ""]
     L += cpu_table(res)
-    findings = os.path.join(os.path.dirname(os.path.abspath(__file__)), "findings.md")
-    if os.path.exists(findings) and not quick:
-        with open(findings) as fh:
-            L += ["", fh.read().strip()]
     L += ["", "## Plots", "",
-          f"![latency CDF]({img}latency_cdf.png)", "",
-          f"![throughput vs concurrency]({img}throughput_vs_concurrency.png)", "",
-          f"![per-stage breakdown]({img}stage_breakdown.png)", "",
+          "![latency CDF](latency_cdf.png)", "",
+          "![throughput vs concurrency](throughput_vs_concurrency.png)", "",
+          "![per-stage breakdown](stage_breakdown.png)", "",
           "## Per-stage breakdown (mean ms, from the services' /metrics diffed around each scenario)", "",
           "Feature stages are means per merged batch (equal to per request at c=1); `feature: rest + model hop` = "
           "the FeatureRunner's BentoML request time minus its stages and the model runner's request time "
@@ -682,7 +723,7 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
     L += ["", "## All scenarios", ""]
     L += scenario_table(res)
     if inproc:
-        L += ["", "## In-process baselines (B3, B4)", "",
+        L += ["", f"## In-process baselines ({B3.id}, {B4.id})", "",
               f"Graph {inproc.get('num_nodes', 0):,} nodes / {inproc.get('num_edges', 0):,} edges, "
               f"model `{inproc.get('model')}`. B3: project sampler + tiered store (L1 holding every row) + "
               "`run_batch` on ONNX Runtime (1 thread). B4: `sample_tree` -> `mfg_tensors` -> `PygGraphSAGE` "
@@ -691,14 +732,11 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
               "`after N ms idle`: B3 with a sleep before each call, as a service at c=1 waits between "
               "requests.", "",
               "| baseline | nodes/request | P50 ms | P99 ms | nodes/s |", "|---|---:|---:|---:|---:|"]
-        for key, label in (("b3", "B3 sampler + ONNX"), ("b3_no_l1", "B3 without L1 (rows from the mmap)"),
-                           ("b3_idle", f"B3 after {inproc.get('idle_ms', 0):g} ms idle before each call"),
-                           ("b4", "B4 PyG, 1 thread"),
-                           ("b3_callers", "B3 without L1, concurrent callers"),
-                           ("b4_threads_all", "B4 PyG, all threads"), ("b4_callers", "B4 PyG, concurrent callers")):
-            for n, r in inproc.get(key, {}).items():
+        for v in INPROC_TABLE:
+            label = v.table.format(idle_ms=inproc.get("idle_ms", 0))
+            for n, r in inproc.get(v.key, {}).items():
                 L.append(f"| {label} | {n} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['nodes_per_s']:,.0f} |")
-    L += ["", "## Scale (T5)", ""]
+    L += ["", f"## Scale ({T5.id})", ""]
     L += scale_table(res)
     L += ["", scale_paragraph(res)]
     if res.get("profiles"):
@@ -709,29 +747,43 @@ def write(res: dict, out_dir: str, docs: str | None = None) -> str:
     if res.get("worker_restarts"):
         L += ["", "Service workers restarted during the run (from their logs; requests in flight then fail and "
               "caches restart cold): " + "; ".join(f"{k} at {', '.join(v)}" for k, v in res["worker_restarts"].items())]
-    L += ["", "## Reproduce", "",
-          "```bash",
-          ". .venv/bin/activate && pip install -e '.[bench]'   # matplotlib, py-spy (profiles), locust",
-          "python -m bench.suite --quick            # ~2.5 min, no 1M graph -> bench/results/quick/",
-          "python -m bench.suite                    # ~10 min (+~4 min once to build the 1M store) -> bench/results/ + docs/",
-          "python -m bench.suite --code worktree    # default: a snapshot of the working tree; --code head: of HEAD",
-          "python -m bench.suite.report bench/results/suite.json   # re-render this report",
-          "locust -f bench/locustfile.py --host http://127.0.0.1:3000   # the same scenarios, interactive",
-          "```",
-          "",
-          "Outputs: `bench/results/suite.json` (quick: `bench/results/quick/suite_quick.json`), the PNGs, `report.md`, "
-          "service logs in `logs/`, py-spy stacks `profile-*.txt` (raw, collapsed). Only full runs rewrite "
-          "`docs/performance.md`. Demo stores: `/tmp/gsage-bench-home` (100k/1M, ~80 s to build) and "
-          "`/tmp/gsage-bench-home-1m` (1M/10M, ~230 s), reused when present."]
-    text = "\n".join(L) + "\n"
+    L += ["", "## Reproduce", ""] + reproduce_lines(res, out_dir)
     md = os.path.join(out_dir, "report.md")
     with open(md, "w") as fh:
-        fh.write(text.replace(f"]({img}", "]("))
-    if docs:
-        os.makedirs(os.path.dirname(docs), exist_ok=True)
-        with open(docs, "w") as fh:
-            fh.write(text)
+        fh.write("\n".join(L) + "\n")
     return md
+
+
+INPROC_TABLE = (B3_WITH_L1, B3_NO_L1, B3_IDLE, B4_ONE_THREAD, B3_CALLERS, B4_ALL_THREADS, B4_CALLERS)  # row order
+
+
+def run_command(cfg: dict) -> str:
+    """The command line of the run (recorded since the suite records ``argv``; else from ``quick``)."""
+    if "argv" in cfg:
+        return " ".join(["python -m bench.suite", *(shlex.quote(a) for a in cfg["argv"])])
+    return f"python -m bench.suite{' --quick' if cfg.get('quick') else ''}"
+
+
+def reproduce_lines(res: dict, out_dir: str) -> list[str]:
+    """The command that produced this run and the one that re-renders it; the rest is in the docs."""
+    rel = os.path.relpath(out_dir, ROOT)
+    where = out_dir if rel.startswith("..") else rel
+    json_name = "suite_quick.json" if res["config"].get("quick") else "suite.json"
+    return ["```bash",
+            f"{run_command(res['config'])}   # this run",
+            f"python -m bench.suite --report-from {os.path.join(where, json_name)}   # re-render this report and its "
+            "plots beside it (nothing is run)",
+            "```",
+            "",
+            f"Outputs in `{where}/`: `{json_name}` (every figure above), the PNGs, this report, service logs in "
+            "`logs/`, py-spy stacks `profile-*.txt` (raw, collapsed). The suite's options, durations and demo "
+            f"stores: [docs/performance.md]({docs_link(out_dir)}#running-the-suite)."]
+
+
+def docs_link(out_dir: str) -> str:
+    """docs/performance.md from a report in ``out_dir``: relative inside the checkout, else absolute."""
+    rel = os.path.relpath(DOCS, out_dir)
+    return DOCS if os.path.relpath(out_dir, ROOT).startswith("..") else rel
 
 
 def code_line(cfg: dict) -> str:
@@ -751,7 +803,7 @@ def analysis(res: dict, tg: list[dict], rows: list) -> list[str]:
     """Data-driven sentences: which process was busy, which stage dominated, what the profile says."""
     s = by_name(res)
     out = []
-    c32 = s.get("single zipf c=32")
+    c32 = s.get(sc.SINGLE_C32.name)
     if c32:
         u = c32["cpu_util"]
         total = sum(u.values())
@@ -768,24 +820,24 @@ def analysis(res: dict, tg: list[dict], rows: list) -> list[str]:
                        f"{f(ms(st.get('model_compute')))} ms, queue {f(ms(st.get('model_queue')))} ms; gateway core "
                        f"mean {f(ms(st.get('gateway_core')))} ms vs its BentoML request time "
                        f"{f(ms(st.get('gateway_server')))} ms.")
-    for key in ("B1 single c=32", "B2 single c=32"):
+    for key in (sc.B1_C32.name, sc.B2_C32.name):
         r = s.get(key)
         if r:
             u = r["cpu_util"]
             out.append(f"- **{key}** (no work at all): {r['req_per_s']:.0f} req/s, P99 {r['p99_ms']:.1f} ms; CPU "
                        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(u.items(), key=lambda kv: -kv[1])) + ".")
-    c1 = s.get("single zipf c=1")
+    c1 = s.get(sc.SINGLE_C1.name)
     if c1 and rows:
-        parts = dict((n, p) for n, p, _ in rows).get("single zipf c=1")
+        parts = dict((n, p) for n, p, _ in rows).get(sc.SINGLE_C1.name)
         if parts:
             work = sum(v for k, v in parts.items() if k.startswith(("feature: sample", "feature: L", "feature: origin",
                                                                     "feature: assemble", "model: compute")))
             out.append(f"- **c=1 single node**: mean {c1['mean_ms']:.2f} ms of which the actual work (sampling, "
                        f"feature fetch, assemble, forward pass) is {work:.2f} ms ({work / c1['mean_ms']:.0%}); the "
                        "rest is HTTP hops, (de)serialisation and framework time (see the breakdown table).")
-    b = s.get("bulk 256 zipf c=1")
+    b = s.get(sc.BULK_256.name)
     if b and rows:
-        parts = dict((n, p) for n, p, _ in rows).get("bulk 256 zipf c=1")
+        parts = dict((n, p) for n, p, _ in rows).get(sc.BULK_256.name)
         if parts:
             top3 = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
             out.append(f"- **bulk 256**: mean {b['mean_ms']:.1f} ms; largest components: "
@@ -799,11 +851,11 @@ def analysis(res: dict, tg: list[dict], rows: list) -> list[str]:
 def scale_paragraph(res: dict) -> str:
     s = by_name(res)
     mem = res.get("memory", {})
-    a, b = s.get("single zipf c=1"), s.get("1M single zipf c=1")
-    if not (a and b and "1M/10M" in mem and "100k/1M" in mem):
-        return "The 1M/10M graph was not run in this invocation (the full run covers it)."
+    a, b = s.get(sc.SINGLE_C1.name), s.get(sc.ONE_M_C1.name)
+    if not (a and b and sc.G1M in mem and sc.G100K in mem):
+        return f"The {sc.G1M} graph was not run in this invocation (the full run covers it)."
     sa, sb = a["stages"].get("feature_sample"), b["stages"].get("feature_sample")
-    ma, mb = mem["100k/1M"], mem["1M/10M"]
+    ma, mb = mem[sc.G100K], mem[sc.G1M]
     def snap_mib(key: str) -> float:
         c = res["config"].get(key, {})
         n, e = c.get("nodes", 0), c.get("edges", 0)
@@ -826,14 +878,12 @@ def scale_paragraph(res: dict) -> str:
 
 
 def main() -> None:
+    """``python -m bench.suite.report SUITE_JSON``: as ``python -m bench.suite --report-from SUITE_JSON``,
+    the report and plots beside the JSON."""
     path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/suite.json"
     with open(path) as fh:
         res = json.load(fh)
-    out_dir = os.path.dirname(os.path.abspath(path))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    full = not res.get("config", {}).get("quick")
-    docs = os.path.join(root, "docs", "performance.md") if full and "--no-docs" not in sys.argv else None
-    print(write(res, out_dir, docs))
+    print(write(res, os.path.dirname(os.path.abspath(path))))
 
 
 if __name__ == "__main__":

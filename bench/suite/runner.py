@@ -1,4 +1,8 @@
-"""The scenarios, in order, bounded in time. See ``bench/suite/__init__.py`` and docs/performance.md."""
+"""The scenarios, in order, bounded in time. See ``bench/suite/__init__.py`` and docs/performance.md.
+
+What each scenario is (its load, its tags, its row's name) is data in ``bench/suite/scenarios.py``;
+the targets, and which of them are measured in interleaved windows, in ``bench/suite/targets.py``.
+This module decides the order, starts and stops the services, and records the rows."""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ import numpy as np
 import psutil
 
 from bench.suite import loadgen, procs, promtext
+from bench.suite import scenarios as sc
+from bench.suite.scenarios import Profile, Scenario
+from bench.suite.targets import B1, B2, TARGETS
 from bench.suite.workload import bodies, make_dist
 from harness.redis_servers import HOST, RedisServer, raw_command, redis_available
 
@@ -57,8 +64,9 @@ def machine_speed() -> dict[str, float]:
     """The machine at that moment, so that runs on different machines can be told apart in their
     reports: the interpreter (a pure-Python loop of 10M additions, seconds) and a wake-up between
     two processes (a one-byte pipe ping-pong, round trip in us), which the three services pay on
-    every hop. Two machines read 0.4-0.55 s for the loop while B1 needed 2.6 and 7.7 ms of CPU per
-    request (runs P and R): the loop alone does not say which machine a run had."""
+    every hop. Machines with close loop times have differed several-fold in B1's CPU per request
+    (the B1 rows of the report's CPU-cost table): the loop alone does not say which machine a run
+    had."""
     t, x = time.perf_counter(), 0
     for i in range(10_000_000):
         x += i
@@ -223,14 +231,26 @@ class Suite:
             self.results["scenarios"].append(row)
         return row
 
+    def run_scenario(self, s: Scenario, topo: procs.Topology, *, num_nodes: int = 100_000,
+                     rate: float = 0.0) -> dict:
+        """One scenario's load on ``topo``, recorded (unless a warm-up) as a row named ``s.name``."""
+        return self.load(s.name, topo, dist=s.dist, nodes=s.nodes, concurrency=s.concurrency, rate=rate,
+                         duration=getattr(self.b, s.duration) * s.share, num_nodes=num_nodes,
+                         tags=s.tags() if s.record else None, record=s.record, seed=s.seed)
+
+    def selected(self, items: tuple) -> list:
+        """The scenarios (profiles) of ``items`` this run runs: a quick run only those marked so."""
+        return [x for x in items if x.quick or not self.args.quick]
+
     def paired(self, sides: dict[str, procs.Topology], *, concurrency: int, rounds: int,
                window: float, tags: dict, seed: int = 0, nodes: int = 1) -> dict[str, dict]:
         """Short windows of each side in turn (A B B A, repeated), pooled per side.
 
         The machine is shared: a baseline measured minutes after the app reads the other tenants'
-        load of that moment as its own (same code, one run to the next, moved T1 by 0.6x).
+        load of that moment as its own (same code, one run to the next, T1's ratio on separate
+        windows moved by more than its margin; the report shows it beside the interleaved one).
         Interleaving exposes both sides to the same background; the rounds' own ratios show
-        what is left of the noise. Recorded as "<side> (paired)" rows, group "paired".
+        what is left of the noise. Recorded as ``scenarios.paired_name(side)`` rows, group "paired".
         """
         pool = request_pool("zipf", 100_000, nodes, seed)
         names = list(sides)
@@ -243,7 +263,7 @@ class Suite:
         rows = {}
         for side in names:
             res = loadgen.LoadResult.pooled(parts[side])
-            row = {"name": f"{side} (paired)", "topology": sides[side].name, "dist": "zipf", **tags,
+            row = {"name": sc.paired_name(side), "topology": sides[side].name, "dist": "zipf", **tags,
                    "group": "paired", **res.summary(), "cdf": res.cdf(),
                    "windows": [{"p99_ms": float(np.percentile(p.latencies_s, 99) * 1e3) if p.ok else None,
                                 "req_per_s": p.ok / p.elapsed_s if p.elapsed_s else 0.0} for p in parts[side]]}
@@ -327,8 +347,16 @@ class Suite:
             if tp in self.topologies:
                 self.topologies.remove(tp)
 
-    def profile(self, topo: procs.Topology, service: str, seconds: float, load_kw: dict, key: str = "") -> dict | None:
-        """py-spy (sampling, non-blocking) on one service's processes while ``load_kw`` runs."""
+    def run_profiles(self, profiles: tuple[Profile, ...], topo: procs.Topology) -> None:
+        for p in self.selected(profiles):
+            prof = self.profile(topo, p.service, self.b.profile, p.scenario, p.key)
+            if prof:
+                self.results["profiles"][p.key] = prof
+
+    def profile(self, topo: procs.Topology, service: str, seconds: float, scenario: Scenario,
+                key: str = "") -> dict | None:
+        """py-spy (sampling, non-blocking) on one service's processes while ``scenario``'s load runs
+        (not recorded as a row)."""
         spy = find_py_spy()
         if spy is None:
             self.log("py-spy not installed: no profile (pip install py-spy)")
@@ -339,7 +367,8 @@ class Suite:
                "-d", str(int(seconds)), "-f", "raw", "-o", raw]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(1.0)  # py-spy attaches
-        row = self.load(f"{load_kw.pop('name')} (profiled)", topo, duration=seconds - 1.5, record=False, **load_kw)
+        row = self.load(scenario.profiled_name, topo, duration=seconds - 1.5, record=False, dist=scenario.dist,
+                        nodes=scenario.nodes, concurrency=scenario.concurrency)
         try:
             _, err = p.communicate(timeout=seconds + 30)
         except subprocess.TimeoutExpired:
@@ -358,7 +387,7 @@ class Suite:
     # -- phases -----------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        a, b = self.args, self.b
+        a = self.args
         self.log(f"bench suite ({'quick' if a.quick else 'full'}), load average {os.getloadavg()}")
         speed = machine_speed()
         self.results["config"]["machine_speed"] = [speed]
@@ -384,7 +413,7 @@ class Suite:
             if not a.quick and not a.skip_1m:
                 self.phase_1m(redis)
             else:
-                self.results["skipped"].append("1M/10M graph (--quick)" if a.quick else "1M/10M graph (--skip-1m)")
+                self.results["skipped"].append(f"{sc.G1M} graph ({'--quick' if a.quick else '--skip-1m'})")
         finally:
             for tp in list(self.topologies):
                 tp.stop()
@@ -409,91 +438,64 @@ class Suite:
         t_phase = self.elapsed()
         env_r = self.app_env(redis.url, n)
         self.results["config"]["app_env"] = env_r
-        app_r = procs.real_app("app", HOME_100K, env_r, self.logs)
-        app_n = procs.real_app("app-noredis", HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs,
+        app_r = procs.real_app(sc.APP, HOME_100K, env_r, self.logs)
+        app_n = procs.real_app(sc.APP_NOREDIS, HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs,
                                model=app_r.services["model"])
-        b1 = procs.trivial_app(HOME_100K, self.logs)
-        b2 = procs.trivial_single(HOME_100K, self.logs)
-        topos = [app_r, app_n, b1, b2]
-        app_d = None
+        topos = [app_r, app_n, procs.trivial_app(HOME_100K, self.logs), procs.trivial_single(HOME_100K, self.logs)]
+        alt = None
         if not a.quick:  # what-if: the model runner's batching window, the other way from its default
             out = run_cmd([sys.executable, "-c", "from common.settings import Settings;"
                            "print(Settings().max_batch_delay_ms)"], timeout=60)
             default = float(out.stdout.strip() or 0)
             alt = 2.0 if default == 0 else 0.0
             self.results["config"]["batch_delay_ms"] = {"default": default, "what_if": alt}
-            app_d = procs.real_app(f"app-delay{alt:g}", HOME_100K, {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"},
-                                   self.logs)
-            topos.append(app_d)
+            topos.append(procs.real_app(sc.batch_delay(sc.WHAT_IF_WARMUP, alt).topology, HOME_100K,
+                                        {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"}, self.logs))
         self.start(*topos)
-        g = {"graph": "100k/1M"}
-        R = {**g, "redis": "on", "cache": "warm"}
-        N = {**g, "redis": "off", "cache": "warm"}
+        on = {tp.name: tp for tp in topos}
 
-        # Cold: fresh L1, empty Redis (the start-up call above touched a single node).
+        def run(s: Scenario, **kw: Any) -> dict:
+            return self.run_scenario(s, on[s.topology], **kw)
+
         self.log("-- cold caches")
-        self.load("cold zipf c=1 (redis)", app_r, duration=b.cold, tags={**R, "cache": "cold", "group": "cold"},
-                  seed=11)
-        self.load("cold zipf c=1 (no redis)", app_n, duration=b.cold, tags={**N, "cache": "cold", "group": "cold"},
-                  seed=11)
-        # 32 targets per request: below GSAGE_SCAN_MIN_TARGETS (64), so these fill L1 and Redis as
-        # latency-path traffic does; bigger batches are scans and would warm nothing.
+        for s in sc.COLD:
+            run(s)
         self.log("-- warming up (zipf 32-node requests c=2, then single c=8), not recorded")
-        self.load("warm-up 32-node (redis)", app_r, nodes=32, concurrency=2, duration=b.warmup * 0.6, record=False,
-                  seed=22)
-        self.load("warm-up single (redis)", app_r, concurrency=8, duration=b.warmup * 0.4, record=False, seed=21)
-        self.load("warm-up (no redis)", app_n, concurrency=8, duration=b.warmup * 0.4, record=False, seed=21)
+        for s in sc.WARMUP:
+            run(s)
 
         self.log("-- warm, Redis on (L1 at 10% of the features)")
-        single = {}
-        for c in (1, 8, 32):
-            single[c] = self.load(f"single zipf c={c}", app_r, concurrency=c,
-                                  duration=b.single if c in (1, 32) else b.short, tags={**R, "group": "single"})
-        self.load("single uniform c=1", app_r, dist="uniform", duration=b.short, tags={**R, "group": "uniform"})
-        self.load("single uniform c=32", app_r, dist="uniform", concurrency=32, duration=b.short,
-                  tags={**R, "group": "uniform"})
-        rates = [0.5] if a.quick else [0.5, 0.8]
-        for frac in rates:
-            rate = max(10.0, round(single[32]["req_per_s"] * frac, -1))
-            self.load(f"open loop {int(frac * 100)}% of c=32 max", app_r, rate=rate, duration=b.open,
-                      tags={**R, "group": "open"})
+        warm = {s: run(s) for s in sc.WARM}
+        for s in self.selected(sc.OPEN):
+            run(s, rate=max(10.0, round(warm[sc.OPEN_LOOP_OF]["req_per_s"] * s.open_loop, -1)))
 
-        if app_d is not None:
-            alt = self.results["config"]["batch_delay_ms"]["what_if"]
+        if alt is not None:
             self.log(f"-- what-if: GSAGE_MAX_BATCH_DELAY_MS={alt:g} (own services, the same Redis)")
-            self.load(f"warm-up (batch delay {alt:g} ms)", app_d, concurrency=8, duration=b.warmup * 0.3, record=False,
-                      seed=21)
-            for c in (1, 32):
-                self.load(f"single zipf c={c} (batch delay {alt:g} ms)", app_d, concurrency=c, duration=b.short,
-                          tags={**R, "group": "batch-delay"})
+            for s in (sc.WHAT_IF_WARMUP, *sc.WHAT_IF):
+                run(sc.batch_delay(s, alt))
 
-        self.log("-- baselines B1 (trivial 3 services) and B2 (trivial single service)")
-        for c in (1, 8, 32):
-            self.load(f"B1 single c={c}", b1, concurrency=c, duration=b.short, tags={**g, "group": "B1"})
-        self.load("B1 bulk 256 c=1", b1, nodes=256, duration=b.short, tags={**g, "group": "B1"})
-        for c in (1, 8, 32):
-            self.load(f"B2 single c={c}", b2, concurrency=c, duration=b.short, tags={**g, "group": "B2"})
+        self.log(f"-- baselines {B1.id} ({B1.label}) and {B2.id} ({B2.label})")
+        for s in sc.TRIVIAL:
+            run(s)
 
-        # T1 and T2 are judged on these: each side in short turns, so both meet the same background.
-        # 8 rounds, not 4: at c=1 one 4 s window's P99 moved 8.5-13.3 ms within a side, so a pooled
-        # P99 over 4 windows swung T1 from 1.07x (a 6-round A/B) to 1.37x (the suite) on one machine.
-        self.log("-- paired: the app and its baseline in alternating windows (T1: B1 at c=1, T2: B2 at c=32)")
+        # The targets judged on interleaved windows: the app and its baseline in short turns, so
+        # both meet the same background. 8 rounds, not 4: one window's P99 at c=1 varies widely
+        # within a side (the "per window pair" range in the report's T1 row), and a P99 pooled over
+        # 4 windows moved T1 across its bound between two runs on one machine.
+        paired = [t for t in TARGETS if t.pairing]
+        self.log("-- paired: the app and its baseline in alternating windows ("
+                 + ", ".join(f"{t.id}: {t.pairing.against.topology} at c={t.app[0].concurrency}" for t in paired) + ")")
         rounds, window = (2, 2.0) if a.quick else (8, b.short / 2)
-        self.paired({"single zipf c=1": app_r, "B1 single c=1": b1}, concurrency=1, rounds=rounds, window=window,
-                    tags=g, seed=31)
-        self.paired({"single zipf c=32": app_r, "B2 single c=32": b2}, concurrency=32, rounds=rounds,
-                    window=window, tags=g, seed=32)
+        for t in paired:
+            mine, theirs = t.app[0], t.pairing.against
+            self.paired({mine.name: on[mine.topology], theirs.name: on[theirs.topology]}, concurrency=mine.concurrency,
+                        rounds=rounds, window=window, tags={"graph": mine.graph}, seed=t.pairing.seed, nodes=mine.nodes)
 
         self.log("-- warm, Redis off (L1 10%, misses read the memory-mapped snapshot)")
-        self.load("single zipf c=1 (no redis)", app_n, duration=b.short, tags={**N, "group": "noredis"})
-        self.load("single zipf c=32 (no redis)", app_n, concurrency=32, duration=b.short, tags={**N, "group": "noredis"})
-        self.load("single uniform c=1 (no redis)", app_n, dist="uniform", duration=b.short,
-                  tags={**N, "group": "noredis"})
-        self.load("bulk 256 zipf c=1 (no redis)", app_n, nodes=256, duration=b.bulk, tags={**N, "group": "noredis"})
+        for s in sc.NOREDIS:
+            run(s)
 
-        # The warmest Zipf window (T4), before the bulk scenarios: their big L2 reads can trip the
-        # L2 circuit (read deadline GSAGE_L2_TIMEOUT_S), which skips Redis for a while afterwards.
-        self.load("single zipf c=1 (end of phase)", app_r, duration=b.short, tags={**R, "group": "single"}, seed=5)
+        run(sc.END_OF_PHASE)  # before the bulk scenarios (see its definition)
         # T4's floor on this machine in this run: the bare Redis round trip, no service around it.
         mget = self.results["baselines"]["redis_mget"] = redis_mget_baseline(redis, b.inproc)
         idle = mget["idle"]
@@ -503,39 +505,17 @@ class Suite:
         profile = not a.no_profile and not self.over_budget("profiles")
         if profile:
             self.log("-- profiles under load (py-spy, non-blocking)")
-            prof = self.profile(app_r, "gateway", b.profile, {"name": "single zipf c=32", "concurrency": 32},
-                                "gateway_c32")
-            if prof:
-                self.results["profiles"]["gateway_c32"] = prof
-            if not a.quick:
-                prof = self.profile(app_r, "feature", b.profile, {"name": "single zipf c=32", "concurrency": 32},
-                                    "feature_c32")
-                if prof:
-                    self.results["profiles"]["feature_c32"] = prof
-                # T1's work: what the two runners spend a single-node request on, beyond B1's.
-                for svc in ("feature", "model"):
-                    prof = self.profile(app_r, svc, b.profile, {"name": "single zipf c=1", "concurrency": 1},
-                                        f"{svc}_c1")
-                    if prof:
-                        self.results["profiles"][f"{svc}_c1"] = prof
+            self.run_profiles(sc.PROFILES_WARM, app_r)
 
         self.log("-- bulk requests, Redis on")
-        for nodes in (64, 256, 1024):
-            self.load(f"bulk {nodes} zipf c=1", app_r, nodes=nodes, duration=b.bulk, tags={**R, "group": "bulk"})
-        self.load("bulk 256 zipf c=4", app_r, nodes=256, concurrency=4, duration=b.bulk, tags={**R, "group": "bulk"})
-        # Saturation: the gateway merges concurrent bulk requests (up to GSAGE_MAX_NODES_PER_REQUEST
-        # per FeatureRunner call) and all three services stay busy.
-        self.load("bulk 256 zipf c=16", app_r, nodes=256, concurrency=16, duration=b.bulk, tags={**R, "group": "bulk"})
-        # T3's scenario at saturation, each service in turn (the quick run profiles the FeatureRunner only).
-        for svc in (("gateway", "feature", "model") if profile and not a.quick else ("feature",) if profile else ()):
-            prof = self.profile(app_r, svc, b.profile, {"name": "bulk 256 zipf c=16", "nodes": 256,
-                                                        "concurrency": 16}, f"{svc}_bulk256")
-            if prof:
-                self.results["profiles"][f"{svc}_bulk256"] = prof
+        for s in sc.BULK:
+            run(s)
+        if profile:
+            self.run_profiles(sc.PROFILES_BULK, app_r)
 
         mem = app_r.memory()
         mem["redis"] = redis_memory(redis)
-        self.results["memory"]["100k/1M"] = mem
+        self.results["memory"][sc.G100K] = mem
         self.log("memory (RSS MiB): " + ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in mem.items()))
         self.stop(*topos[::-1])
         self.results["phases"]["100k"] = round(self.elapsed() - t_phase, 1)
@@ -555,7 +535,6 @@ class Suite:
         self.results["phases"]["inproc"] = round(self.elapsed() - t, 1)
 
     def phase_1m(self, redis: RedisServer) -> None:
-        b = self.b
         t_phase = self.elapsed()
         info = ensure_store(HOME_1M, ["--nodes", "1000000", "--edges", "10000000", "--epochs", "1",
                                       "--max-train-nodes", "20000"], self.log)
@@ -565,19 +544,13 @@ class Suite:
                                               "build_seconds": info.get("build_seconds", info.get("total_seconds"))}
         with contextlib.suppress(OSError):
             raw_command(redis.port, "FLUSHALL")
-        app = procs.real_app("app-1m", HOME_1M, self.app_env(redis.url, n), self.logs)
+        app = procs.real_app(sc.APP_1M, HOME_1M, self.app_env(redis.url, n), self.logs)
         self.start(app)
-        tags = {"graph": "1M/10M", "redis": "on", "cache": "warm", "group": "1m"}
-        self.load("1M cold zipf c=1", app, duration=b.cold, num_nodes=n, tags={**tags, "cache": "cold"}, seed=11)
-        self.load("1M warm-up", app, concurrency=8, duration=b.warmup, num_nodes=n, record=False, seed=21)
-        self.load("1M single zipf c=1", app, duration=b.single, num_nodes=n, tags=tags)
-        self.load("1M single zipf c=32", app, concurrency=32, duration=b.single, num_nodes=n, tags=tags)
-        self.load("1M single uniform c=1", app, dist="uniform", duration=b.short, num_nodes=n, tags=tags)
-        self.load("1M bulk 256 zipf c=1", app, nodes=256, duration=b.bulk, num_nodes=n, tags=tags)
-        self.load("1M single zipf c=1 (end of phase)", app, duration=b.short, num_nodes=n, tags=tags, seed=5)
+        for s in sc.ONE_M:
+            self.run_scenario(s, app, num_nodes=n)
         mem = app.memory()
         mem["redis"] = redis_memory(redis)
-        self.results["memory"]["1M/10M"] = mem
+        self.results["memory"][sc.G1M] = mem
         self.log("memory (RSS MiB): " + ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in mem.items()))
         self.stop(app)
         self.results["phases"]["1m"] = round(self.elapsed() - t_phase, 1)
@@ -739,45 +712,50 @@ def main(argv: list[str] | None = None) -> None:
                         "bench/results/quick with --quick")
     p.add_argument("--skip-1m", action="store_true", help="full run without the 1M/10M graph")
     p.add_argument("--no-profile", action="store_true")
-    p.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
-                   help="copy the report to docs/performance.md (default: full runs only)")
     p.add_argument("--code", choices=("worktree", "head"), default="worktree",
                    help="run the services from a snapshot of the working tree taken at start (default) or of HEAD")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every load duration (development smoke runs)")
     p.add_argument("--report-from", metavar="SUITE_JSON",
-                   help="run nothing: write the report (and plots) of an earlier run's JSON into --out")
+                   help="run nothing: write the report (and plots) of an earlier run's JSON into --out "
+                        "(default: beside the JSON)")
     a = p.parse_args(argv)
+    if a.report_from and not a.out:
+        a.out = os.path.dirname(os.path.abspath(a.report_from))
     a.out = a.out or ("bench/results/quick" if a.quick else "bench/results")
-    if a.docs is None:
-        a.docs = not a.quick
     missing = missing_bench_extra(profiles=not a.no_profile and not a.report_from)
     if "matplotlib" in missing:  # the report comes last: fail before the 10 minutes, not after
         raise SystemExit("the report's plots need matplotlib: pip install -e '.[bench]'")
     if missing:
         print(f"warning: {', '.join(missing)} not installed: no profiles (pip install -e '.[bench]')", flush=True)
     if a.report_from:
+        if not os.path.isfile(a.report_from):  # the results JSON is not committed (bench/results/*.json)
+            raise SystemExit(f"no results JSON at {a.report_from}: a run of the suite writes it "
+                             "(python -m bench.suite [--quick]); it is not kept in git")
         with open(a.report_from) as f:
             results = json.load(f)
-        md = write_report(results, os.path.abspath(a.out), a.docs)
-        print(f"wrote {md} (+ plots)" + (" and docs/performance.md" if a.docs else ""))
+        md = write_report(results, os.path.abspath(a.out))
+        print(f"wrote {md} (+ plots)")
         return
     # SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so run()'s finally stops every service.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     suite = Suite(a)
+    suite.results["config"]["argv"] = list(sys.argv[1:] if argv is None else argv)
     results = suite.run()
     name = "suite_quick.json" if a.quick else "suite.json"
     path = os.path.join(suite.out, name)
     with open(path, "w") as f:
         json.dump(results, f, indent=1, default=float)
     suite.log(f"wrote {path}")
-    md = write_report(results, suite.out, a.docs)
+    md = write_report(results, suite.out)
     suite.log(f"wrote {md} (+ plots) in {suite.elapsed():.0f} s")
 
 
-def write_report(results: dict, out: str, docs: bool) -> str:
+def write_report(results: dict, out: str) -> str:
+    """The run's one written account: report.md and its plots in ``out`` (docs/performance.md is
+    hand-written and links to it)."""
     from bench.suite import report
 
-    return report.write(results, out, docs=os.path.join(procs.ROOT, "docs", "performance.md") if docs else None)
+    return report.write(results, out)
 
 
 def missing_bench_extra(profiles: bool) -> list[str]:

@@ -30,8 +30,12 @@ from common.bento.direct_api import BinaryBody
 
 bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 
-# The app's runners' service options, so that B1 differs from the app by the work only.
-RUNNER_OPTIONS = config.runner_service_options(workers=1)
+# The app's runners' service options, so that B1 differs from the app by the work only; plus the
+# connection limits BentoML's dependency proxy needs (B1 calls through it, the app through its own
+# client): it recycles its session every 100 requests and closes it under calls in flight, which
+# fails a share of requests under concurrency otherwise.
+RUNNER_OPTIONS = {**config.runner_service_options(workers=1),
+                  "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9}}
 TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
 
 
