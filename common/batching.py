@@ -14,11 +14,10 @@ running batch to finish and takes what arrived meanwhile. The gateway's coalesce
 bulk calls (the FeatureRunner builds one call's tensor while the model runner computes
 another's) and single-node traffic runs as two calls of similar size side by side, not as a
 call of one for each request that found a slot free (measured worse) nor as one call at a time
-(the runners then took turns on a 2-core machine, 1.09 cores used). Measured with the suite's
-processes, windows interleaved, same run (bench notes in the commit): only full batches
-overlapping vs ``overlap_ratio=1``, single node c=32 1,311 -> 1,570 req/s (P99 36.8 -> 35.3 ms),
-c=8 670 -> 996 req/s (P99 23.4 -> 16.4 ms), bulk 256 at c=16 unchanged (88.3k vs 88.1k
-nodes/s); ratio 0.5 and 2 were each worse than 1.
+(the runners then took turns instead of working side by side). ``overlap_ratio=1`` beat
+overlapping only full batches on single-node traffic and matched it on bulk; 0.5 and 2 were each
+worse. ``python -m bench.suite.ab --variant GSAGE_COALESCE_OVERLAP_RATIO=<r>`` measures a ratio
+against the app's default, in interleaved windows.
 
 Idle fast path: with ``max_delay_s == 0``, an item that finds the queue empty and nothing in
 flight is a batch of one whatever happens next, so ``submit`` runs the handler in the caller's
@@ -63,9 +62,13 @@ class AdaptiveBatcher(Generic[T, R]):
         on_batch: Callable[[BatchStats], None] | None = None,
         max_concurrent: int = 1,
         overlap_ratio: float = math.inf,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``overlap_ratio``: beside batches in flight, a partial batch starts once it holds at
-        least this many times the units of the largest of them (inf: only a full batch starts)."""
+        least this many times the units of the largest of them (inf: only a full batch starts).
+        ``clock``: seconds, for each item's arrival, the ``max_delay_s`` window and the stats. The
+        window's wait itself is the event loop's timer, so a test fakes both at once: a loop on
+        virtual time and ``clock=loop.time`` (tests/test_batching.py)."""
         self.handler = handler
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
@@ -73,6 +76,7 @@ class AdaptiveBatcher(Generic[T, R]):
         self.on_batch = on_batch
         self.overlap_ratio = overlap_ratio
         self.stats = BatchStats()
+        self._clock = clock
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R], float]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -91,7 +95,7 @@ class AdaptiveBatcher(Generic[T, R]):
             self._worker.add_done_callback(self._worker_stopped)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queued_units += self.size_of(item)
-        await self._queue.put((item, future, time.perf_counter()))
+        await self._queue.put((item, future, self._clock()))
         self._changed.set()
         return await future
 
@@ -99,7 +103,7 @@ class AdaptiveBatcher(Generic[T, R]):
         await self._take_slot()  # free (checked by the caller, no await since): no suspension
         units = self.size_of(item)
         self._running_units.append(units)
-        started = time.perf_counter()
+        started = self._clock()
         try:
             results = await self.handler([item])
             if len(results) != 1:
@@ -150,7 +154,7 @@ class AdaptiveBatcher(Generic[T, R]):
         deadline = batch[0][2] + self.max_delay_s
         while units < self.max_batch_size:
             if self._queue.empty():
-                remaining = deadline - time.perf_counter()
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     break
                 try:
@@ -196,7 +200,7 @@ class AdaptiveBatcher(Generic[T, R]):
             task.add_done_callback(self._running.discard)
 
     async def _dispatch(self, live: list[tuple[T, asyncio.Future[R], float]], units: int) -> None:
-        started = time.perf_counter()
+        started = self._clock()
         try:
             results = await self.handler([item for item, _, _ in live])
             if len(results) != len(live):
@@ -215,7 +219,7 @@ class AdaptiveBatcher(Generic[T, R]):
         self._record(live, started)
 
     def _record(self, live: list[tuple[T, asyncio.Future[R], float]], started: float) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         s = self.stats
         s.batches += 1
         s.items += len(live)

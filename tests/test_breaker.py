@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from common.breaker import BreakerOpen, BreakerState, CircuitBreaker
+from tests.virtual_time import run
 
 
 class FakeClock:
@@ -102,18 +103,20 @@ def test_call_timeout_counts_as_failure_and_open_raises_breaker_open():
     async def ok(x: int) -> int:
         return x + 1
 
-    async def scenario() -> None:
+    async def scenario() -> None:  # on virtual time: the 0.01 s deadline comes before the 1 s call
+        loop = asyncio.get_running_loop()
         assert await b.call(ok, 1, timeout_s=1.0) == 2
-        for _ in range(2):
+        for n in (1, 2):
             with pytest.raises(TimeoutError):
                 await b.call(slow, timeout_s=0.01)
+            assert loop.time() == 0.01 * n  # cut off at the deadline, not after slow()
         assert b.state is BreakerState.OPEN
         with pytest.raises(BreakerOpen) as info:
             await b.call(ok, 1, timeout_s=1.0)
-        assert info.value.retry_after_s == pytest.approx(60.0)
+        assert info.value.retry_after_s == 60.0  # the breaker's fake clock has not moved
         assert info.value.status_code == 503 and "feature" in str(info.value)
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def test_call_exceptions_count_ignored_types_do_not():

@@ -7,6 +7,7 @@ blocking grpc client (as services.grpc_client does).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import subprocess
@@ -21,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from common.errors import ApiError
 from common.settings import load_settings, settings
-from services import grpc_codegen
+from services import grpc_codegen, ratelimit
 from services.access import gateway_access
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from services.grpc_server import SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for
@@ -298,6 +299,9 @@ def test_auth_is_checked_before_validation(serve, channel_to, keys):
 def test_rate_limit(serve, channel_to, keys, env):
     env.setenv("GSAGE_RATE_LIMIT_PER_S", "0.5")
     env.setenv("GSAGE_RATE_LIMIT_BURST", "2")
+    # The limiter the settings build, on a clock that stands still: however long the calls take,
+    # no token comes back between them and the wait for the next one is exactly 1 / 0.5 s.
+    env.setattr(ratelimit, "LocalRateLimiter", functools.partial(ratelimit.LocalRateLimiter, clock=lambda: 0.0))
     st = serve()
     stub = pb_grpc.GraphSAGEStub(channel_to(st))
     md = [("x-api-key", keys["predict"])]

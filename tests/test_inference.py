@@ -314,7 +314,9 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
     """16 concurrent callers through AdaptiveBatcher + run_batch in a 1-thread executor (as the
     service does). Phases: all traffic on v1; v2 hot-loaded; half the traffic on v2; all on v2;
     v1 unloaded once its traffic drained; finally v2 unloaded under live traffic (the next batch
-    reloads it on demand from the store). Every request must succeed with its version's answer."""
+    reloads it on demand from the store). Every request must succeed with its version's answer.
+    Each phase lasts until the traffic did what the phase is for (counted answers, a mixed batch,
+    v1 drained), not for a length of time."""
     v1, v2 = save("mean"), save("pool")
     requests = [feature_tensor(np.arange(n * 13, n * 13 + 1 + n % 4), seed=n)[0] for n in range(12)]
     registry = ModelRegistry("onnx")
@@ -330,8 +332,11 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
         compute = ThreadPoolExecutor(1, thread_name_prefix="forward")
         loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
 
+        changed = asyncio.Event()  # a batch, an answer or an error: the operator looks again
+
         async def forward(items: list[InferenceItem]) -> list[dict]:
             batch_versions.append({i.model for i in items})
+            changed.set()
             return await loop.run_in_executor(compute, run_batch, registry, items)
 
         batcher = AdaptiveBatcher(forward, max_batch_size=64, max_delay_s=0.001,
@@ -355,24 +360,38 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
                     errors.append(exc)
                 finally:
                     inflight[tag] -= 1
+                    changed.set()
                 await asyncio.sleep(0)
 
-        async def drained(tag: str) -> None:
-            while inflight[tag]:
-                await asyncio.sleep(0.001)
+        def answered(tag: str | None = None) -> int:
+            return sum(1 for _, t, _ in answers if tag in (None, t))
+
+        async def until(done) -> None:
+            """Until the traffic makes ``done()`` true; a failed request ends the test at once."""
+            async def wait() -> None:
+                while not (done() or errors):
+                    changed.clear()
+                    await changed.wait()
+
+            await asyncio.wait_for(wait(), 60)  # a backstop against a hang, never reached when it works
+            if errors:
+                stop.set()
+                raise AssertionError(f"{len(errors)} failed requests, first: {errors[0]!r}")
 
         async def operator() -> None:
-            await asyncio.sleep(0.25)
+            await until(lambda: answered(v1) > 20)  # all traffic on v1
             await loop.run_in_executor(loader, registry.load, v2)  # hot-load under traffic
             state["v2_share"] = 0.5
-            await asyncio.sleep(0.3)
+            await until(lambda: answered(v2) > 20 and any(len(vs) == 2 for vs in batch_versions))
             state["v2_share"] = 1.0
-            await drained(v1)
+            await until(lambda: not inflight[v1])  # v1's traffic drained
             assert registry.unload(v1)
-            await asyncio.sleep(0.25)
+            after = answered()
+            await until(lambda: answered() >= after + 40)
             assert registry.tags() == {v2}, "v1 came back: traffic had not moved"
             assert registry.unload(v2)  # under live traffic: reloaded on demand
-            await asyncio.sleep(0.25)
+            after = answered()
+            await until(lambda: answered() >= after + 40)
             stop.set()
 
         try:
