@@ -20,8 +20,8 @@ of levels 0..L-1 only and ``index`` stops at ``idx{L-1}``, whose entries point a
 (node, seed) pairs of level L-1 (a node sampled twice with one seed has the same neighbours
 both times: sampling hashes (seed, node, hop, step)). Per distinct pair: ``last_rows [E]`` its
 row and ``last_mean [E, F]`` the mean of its sampled neighbours' rows; ``last_fanout`` is the
-last hop's k. On the demo graph a Zipf 256-target request drops from ~6,800 rows to ~2,300
-(1,064 pairs for 1,593 hop-1 slots).
+last hop's k. On the demo graph a Zipf 256-target request carries far fewer rows
+(``python bench/bench_premean.py`` prints the encoded bytes of both layouts per batch size).
 
 Encoding: ``common.wire`` (a JSON header + aligned raw buffers; zero-copy decode, no pickle).
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -185,8 +186,9 @@ def _entries(inner: Sequence[np.ndarray],
 class PremeanTree:
     """A premean neighbourhood sampled as the layout needs it: levels 0..L-1 in full, the last
     hop once per distinct (node, seed) entry of level L-1 (a repeated entry has the same sample:
-    sampling hashes (seed, node, hop, step)). On the demo graph that samples 1,060 instead of
-    1,593 second-hop lists for 256 Zipf targets, and compacts ~17k instead of ~71k slots.
+    sampling hashes (seed, node, hop, step)). For a batch of Zipf targets that skips a good part
+    of the second-hop lists and most of the slots to compact (``python bench/bench_premean.py``
+    times the build, FeatureRunner side).
 
     ``unique``: the distinct ids, levels 0..L-1 first (``kept`` of them), in the order ``compact``
     gives the full tree, so the tensor is byte for byte ``premean`` of the full tree."""
@@ -199,18 +201,18 @@ class PremeanTree:
 
     @classmethod
     def sample(cls, indptr: np.ndarray, indices: np.ndarray, targets: np.ndarray, fanouts: Sequence[int],
-               seeds: np.ndarray) -> "PremeanTree":
+               seeds: np.ndarray, overlay: Any = None) -> "PremeanTree":
         from runners.feature.kernels import distinct_positions
         from runners.feature.sampling import sample_neighbours, sample_tree
 
         if len(fanouts) < 2:
             raise ValueError("the premean layout needs at least 2 hops")
-        tree = sample_tree(indptr, indices, targets, fanouts[:-1], seed=seeds)
+        tree = sample_tree(indptr, indices, targets, fanouts[:-1], seed=seeds, overlay=overlay)
         inner_ids, inner = compact(tree)
         entries, first, slot_rows, slot_seeds = _entries(inner, seeds)
         # Each entry's sample as sample_tree would draw it at its first slot (same node, seed, hop).
         last = sample_neighbours(indptr, indices, inner_ids[slot_rows[first]], int(fanouts[-1]), slot_seeds[first],
-                                 hop=len(fanouts) - 1)
+                                 hop=len(fanouts) - 1, overlay=overlay)
         unique, positions = distinct_positions(np.concatenate([inner_ids, last.reshape(-1)]))
         last_index = positions[inner_ids.size:].reshape(last.shape)
         inner[-1] = entries

@@ -24,16 +24,24 @@ def random_seed() -> int:
     return secrets.randbits(63)
 
 
+# The FeatureRunner's answer while a request's ``min_sequence`` is not applied yet (425 Too Early):
+# the gateway answers it 503 with Retry-After, and it is no failure of the FeatureRunner.
+NOT_YET_APPLIED = 425
+
+
 class BadPredictRequest(ValueError):
     """A body that is not a well-formed predict request."""
 
 
 def encode(node_ids: Sequence[int], seeds: Sequence[int], fanout: Sequence[int] | None, model: str,
-           embedding: bool, dtype: str) -> bytes:
-    """One seed for all nodes travels in the options (the common case: one client request)."""
+           embedding: bool, dtype: str, min_sequence: int = 0) -> bytes:
+    """One seed for all nodes travels in the options (the common case: one client request).
+    ``min_sequence``: answer only once this graph update is applied (0: now)."""
     arrays = {"node_ids": np.asarray(node_ids, dtype=np.int64)}
     options: dict[str, Any] = {"model": model, "embedding": embedding, "dtype": dtype,
                                "fanout": list(fanout) if fanout is not None else None, "seed": None}
+    if min_sequence:
+        options["min_sequence"] = int(min_sequence)
     if len(set(seeds)) == 1:
         options["seed"] = int(seeds[0])
     else:
@@ -56,4 +64,7 @@ def decode(body: bytes | bytearray | memoryview) -> tuple[dict[str, Any], np.nda
         raise BadPredictRequest("seeds must be int64, one per node id")
     if not isinstance(options.get("model"), str) or not isinstance(options.get("embedding"), bool):
         raise BadPredictRequest("options: model must be a string, embedding a bool")
+    min_sequence = options.get("min_sequence", 0)
+    if not isinstance(min_sequence, int) or isinstance(min_sequence, bool) or min_sequence < 0:
+        raise BadPredictRequest("options: min_sequence must be an integer >= 0")
     return options, ids, seeds

@@ -64,6 +64,7 @@ class RunnerFailed(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.message = message
 
 
 def raise_for_answer(status: int, message: str) -> None:
@@ -81,7 +82,8 @@ class Runner(Protocol):
 
     async def call_bytes(self, route: str, body: bytes) -> bytes: ...
 
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any: ...
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *,
+                        idempotent: bool = True) -> Any: ...
 
     async def close(self) -> None: ...
 
@@ -123,11 +125,12 @@ class RunnerClient:
         """``POST /route`` with a binary body; the answer's bytes."""
         return await self._post(route, body, OCTET_STREAM)
 
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any:
-        """``POST /route`` with a JSON object; the answer as JSON."""
-        return orjson.loads(await self._post(route, orjson.dumps(payload or {}), JSON))
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *, idempotent: bool = True) -> Any:
+        """``POST /route`` with a JSON object; the answer as JSON. ``idempotent=False``: a
+        connection lost mid-call is not retried (the call may have taken effect)."""
+        return orjson.loads(await self._post(route, orjson.dumps(payload or {}), JSON, idempotent))
 
-    async def _post(self, route: str, body: bytes, media_type: str) -> bytes:
+    async def _post(self, route: str, body: bytes, media_type: str, idempotent: bool = True) -> bytes:
         import aiohttp
 
         if self._session is None or self._session.closed:
@@ -143,7 +146,7 @@ class RunnerClient:
             except aiohttp.ClientConnectorError:
                 raise  # refused: the runner is down, no point retrying
             except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if attempt == len(self._retry_pauses_s):
+                if attempt == len(self._retry_pauses_s) or not idempotent:
                     raise
                 log.info("%s: connection lost (%s); retrying", self.name, type(exc).__name__)
                 await asyncio.sleep(self._retry_pauses_s[attempt])
@@ -173,7 +176,7 @@ class LocalRunner:
     async def call_bytes(self, route: str, body: bytes) -> bytes:
         return await self._call(getattr(self.instance, f"{route}_body")(body))
 
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None) -> Any:
+    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *, idempotent: bool = True) -> Any:
         answer = await self._call(getattr(self.instance, route)(**(payload or {})))
         return orjson.loads(orjson.dumps(answer))  # what a remote caller would read
 

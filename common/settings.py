@@ -102,6 +102,23 @@ class FeatureCacheSection(BaseModel):
     premean_min_targets: Count = Field(16, description="... for requests of at least this many nodes")
 
 
+class LiveGraphSection(BaseModel):
+    graph_capacity: Annotated[int, Field(ge=0)] = Field(
+        0, description="node ids an update may use: [0, capacity) (0: twice the snapshot's nodes)")
+    graph_log: Literal["auto", "file", "redis"] = Field(
+        "auto", description="the update log: Redis Streams, or an fsynced file on local disk (auto: Redis when "
+                            "`GSAGE_REDIS_URL` is set)")
+    graph_log_dir: str = Field("", description="the file log's directory (empty: `~/.local/share/graphsage/update-log`)")
+    graph_log_key: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] = Field(
+        "gsage-updates", description="the Redis log's key prefix (one slot in a Cluster)")
+    graph_poll_interval_ms: Positive = Field(20.0, description="how often each FeatureRunner worker looks for new updates")
+    graph_max_ops: Count = Field(10_000, description="ops in one update batch (413 above)")
+    graph_update_timeout_s: Positive = Field(10.0, description="the gateway's deadline for one update batch "
+                                                               "(the FeatureRunner catches up, validates, appends, applies)")
+    min_sequence_wait_s: NonNegative = Field(
+        1.0, description="how long a prediction with `min_sequence` waits for that update (then 503 with Retry-After)")
+
+
 class ModelRunnerSection(BaseModel):
     backend: Literal["onnx", "onnx-cuda", "torch", "tensorrt"] = Field(
         "onnx", description="`onnx`, `onnx-cuda`, `torch` (reference, needs torch installed); `tensorrt` is the GPU issue's")
@@ -169,8 +186,8 @@ class SecuritySection(BaseModel):
         return self
 
 
-SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, FeatureCacheSection, ModelRunnerSection,
-                                         ServingSection, GatewaySection, SecuritySection)
+SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, FeatureCacheSection, LiveGraphSection,
+                                         ModelRunnerSection, ServingSection, GatewaySection, SecuritySection)
 
 
 class _MappingEnv(EnvSettingsSource):
@@ -184,8 +201,8 @@ class _MappingEnv(EnvSettingsSource):
         return {k.lower(): v for k, v in self._env.items()}
 
 
-class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSection, FeatureCacheSection,
-               SamplingSection, ModelStoreSection, BaseSettings):
+class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSection, LiveGraphSection,
+               FeatureCacheSection, SamplingSection, ModelStoreSection, BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="forbid", frozen=True)
 
     @classmethod
@@ -199,6 +216,8 @@ class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSecti
     def _consistent(self) -> Settings:
         if self.auth_enabled and not self.api_keys_file:
             raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
+        if self.graph_log == "redis" and not self.redis_url:
+            raise ValueError("GSAGE_GRAPH_LOG=redis needs GSAGE_REDIS_URL")
         return self
 
     @property
@@ -214,6 +233,14 @@ class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSecti
         slow model runner is reported as such (502 -> 503) rather than as a slow FeatureRunner
         (-> degraded answers); the last quarter is left to sampling and fetching."""
         return 0.75 * self.runner_timeout_s
+
+    @property
+    def graph_log_kind(self) -> str:
+        return ("redis" if self.redis_url else "file") if self.graph_log == "auto" else self.graph_log
+
+    @property
+    def graph_log_path(self) -> str:
+        return self.graph_log_dir or os.path.join(os.path.expanduser("~"), ".local", "share", "graphsage", "update-log")
 
     @property
     def bind_host(self) -> str:

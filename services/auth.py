@@ -50,7 +50,9 @@ from common.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
 
-SCOPES: frozenset[str] = frozenset({"predict", "admin"})
+# predict: /predict, /models, /graph/status; graph: POST /graph/updates (writing the graph is
+# neither predicting nor administering it, so neither of those keys may do it); admin: /admin/*.
+SCOPES: frozenset[str] = frozenset({"predict", "graph", "admin"})
 KEY_PREFIX = "gsk_"
 KEY_RANDOM_BYTES = 24  # -> 32 URL-safe characters
 MAX_KEY_CHARS = 256  # anything longer is not one of ours; never hash unbounded input

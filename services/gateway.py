@@ -9,10 +9,14 @@ checked by ``services.http_guard`` before a handler runs.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
+from collections import Counter
 from typing import Any
+
+import orjson
 
 import bentoml
 from starlette.applications import Starlette
@@ -26,7 +30,8 @@ from common.bento.logs import quiet_client_errors
 from common.bento.dependencies import connect
 from common.bento.direct_api import JSON, DirectApi, ServiceInstance, answers_errors
 from common.breaker import CircuitBreaker
-from common.errors import ApiError
+from common.errors import ApiError, error_response
+from common.remote import RunnerFailed, RunnerRejected, failure_reason
 from common.metrics import labelled
 from common.service_auth import ServiceTokens, ensure_shared_token
 from common.settings import gateway_ssl_config, settings, tracing_config
@@ -37,7 +42,7 @@ from services.answer import Answer
 from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
 from services.prediction import PredictionCore, StaleAnswers
-from services.protocol import PredictRequest, PredictResponse, RoutingChange
+from services.protocol import CompactRequest, GraphUpdate, GraphUpdateAck, PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingError, RoutingTable, UnknownModel
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
@@ -45,6 +50,7 @@ quiet_client_errors()  # a caller's bad input is not logged as the gateway's err
 ensure_shared_token()  # before BentoML starts the runners, which must share it
 
 log = logging.getLogger("graphsage.gateway")
+COMPACTION_TIMEOUT_S = 600.0  # the 1M/10M graph folds in well under it (bench/bench_live_graph.py)
 
 _instance = ServiceInstance()  # the worker's Gateway, for the routes and middleware outside it
 
@@ -86,6 +92,7 @@ class Gateway:
             max_merge_nodes=cfg.coalesce_max_nodes,
             max_inflight=cfg.coalesce_max_inflight,
             overlap_ratio=cfg.coalesce_overlap_ratio,
+            min_sequence_wait_s=cfg.min_sequence_wait_s,
         )
         self._next_reload = 0.0
         self.grpc_server: Any = None
@@ -166,6 +173,54 @@ class Gateway:
         """``predict`` on the raw JSON body: what ``common.bento.direct_api`` answers /predict with."""
         return (await self.run_predict(PredictRequest.model_validate_json(body or b"{}"))).to_json()
 
+    async def update_graph(self, update: GraphUpdate) -> dict[str, int]:
+        """The one graph-update path, for HTTP and gRPC alike: the FeatureRunner validates the
+        batch whole, appends it durably to the update log and applies it; raises ApiError."""
+        ops = [op.model_dump(exclude_none=True) for op in update.ops]
+        try:
+            ack = await asyncio.wait_for(self.feature.call_json("graph_update", {"ops": ops}, idempotent=False),
+                                         self.settings.graph_update_timeout_s)
+        except RunnerRejected as exc:
+            raise ApiError(exc.status, str(exc)) from exc
+        except RunnerFailed as exc:  # the FeatureRunner's own words (the log down: nothing accepted)
+            raise ApiError.unavailable(exc.message, 1.0) from exc
+        except Exception as exc:  # noqa: BLE001 - unknown whether it was appended: say so
+            raise ApiError.unavailable(f"graph update not confirmed ({failure_reason(exc)}); it may or may not "
+                                       "have been applied: read /graph/status before sending it again", 1.0) from exc
+        for op, n in Counter(op["op"] for op in ops).items():
+            labelled(gateway_metrics().graph_updates, op).inc(n)
+        return ack
+
+    async def graph_status(self) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(self.feature.call_json("graph_status"), self.settings.runner_timeout_s)
+        except RunnerRejected as exc:
+            raise ApiError(exc.status, str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise ApiError.unavailable(f"feature runner unavailable: {failure_reason(exc)}", 1.0) from exc
+
+    @bentoml.api(route="/graph/updates", input_spec=GraphUpdate, output_spec=None)
+    @answers_errors
+    async def graph_updates(self, **params: Any) -> GraphUpdateAck:
+        """Add nodes, set features, add or remove edges and nodes (scope ``graph``). The batch is
+        validated whole and applied atomically; the answer, ``{"accepted": N, "sequence": S}``,
+        comes once it is durable in the update log; ``/predict`` with ``min_sequence: S`` reads it."""
+        return Response(orjson.dumps(await self.update_graph(GraphUpdate(**params))), media_type=JSON)
+
+    @bentoml.api(route="/admin/graph/compact", input_spec=CompactRequest, output_spec=None)
+    @answers_errors
+    async def admin_graph_compact(self, **params: Any) -> dict:
+        """Fold the update log into a new graph snapshot (scope ``admin``); every FeatureRunner
+        worker switches to it with no failed request and no changed answer."""
+        request = CompactRequest(**params)
+        try:
+            return await asyncio.wait_for(self.feature.call_json("graph_compact", {"upto": request.upto}),
+                                          COMPACTION_TIMEOUT_S)
+        except RunnerRejected as exc:
+            raise ApiError(exc.status, str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise ApiError.unavailable(f"compaction not confirmed ({failure_reason(exc)})", 5.0) from exc
+
     async def describe_models(self) -> dict[str, Any]:
         self.reload_files()
         out: dict[str, Any] = {"routing": self.routing.to_json()}
@@ -212,8 +267,16 @@ async def _models(request: Request) -> JSONResponse:
     return JSONResponse(await _instance.get().describe_models())
 
 
+async def _graph_status(request: Request) -> Response:
+    try:
+        return JSONResponse(await _instance.get().graph_status())
+    except ApiError as exc:
+        return error_response(exc)
+
+
 admin_app.router.routes.extend([
     Route("/models", _models, methods=["GET"]),
+    Route("/graph/status", _graph_status, methods=["GET"]),
 ])
 Gateway.add_asgi_middleware(HttpGuard)
 if settings().direct_api:  # inside HttpGuard: auth and rate limits come first

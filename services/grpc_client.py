@@ -47,7 +47,7 @@ def _metadata(api_key: str | None) -> list[tuple[str, str]]:
 
 def build_request(node_ids: list[int], *, model: str = "", version: str | None = None,
                   fanout: list[int] | None = None, routing_key: str | None = None,
-                  seed: int | None = None, embedding: bool = False) -> Any:
+                  seed: int | None = None, embedding: bool = False, min_sequence: int | None = None) -> Any:
     """A ``PredictRequest``; fields left None stay absent (proto3 ``optional``)."""
     msg = pb.PredictRequest(node_ids=node_ids, model=model, fanout=fanout or [], embedding=embedding)
     if version is not None:
@@ -56,6 +56,8 @@ def build_request(node_ids: list[int], *, model: str = "", version: str | None =
         msg.routing_key = routing_key
     if seed is not None:
         msg.seed = seed
+    if min_sequence is not None:
+        msg.min_sequence = min_sequence
     return msg
 
 

@@ -53,7 +53,7 @@ from services.auth import AuthError, Forbidden
 from services.grpc_codegen import ensure_stubs
 from services.access import resolve_access
 from common.errors import ApiError
-from services.protocol import PredictRequest, PredictResponse
+from services.protocol import GraphUpdate, PredictRequest, PredictResponse
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).
 ensure_stubs()
@@ -116,15 +116,6 @@ class _Reject(Exception):
         self.code, self.message, self.trailers = code, message, tuple(trailers)
 
 
-def describe_validation(exc: ValidationError, limit: int = 5) -> str:
-    parts = []
-    for err in exc.errors()[:limit]:
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "request"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    more = exc.error_count() - limit
-    return "invalid request: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
 def to_request(msg: Any) -> PredictRequest:
     """The proto request as the shared pydantic model; raises ``ValidationError``. Absent
     ``optional`` fields and an empty ``fanout`` are None (the HTTP defaults)."""
@@ -135,10 +126,34 @@ def to_request(msg: Any) -> PredictRequest:
     }
     if msg.fanout:
         params["fanout"] = list(msg.fanout)
-    for name in ("version", "routing_key", "seed"):
+    for name in ("version", "routing_key", "seed", "min_sequence"):
         if msg.HasField(name):
             params[name] = getattr(msg, name)
     return PredictRequest(**params)
+
+
+def to_graph_update(msg: Any) -> GraphUpdate:
+    """The proto batch as the shared pydantic model (the HTTP body's); raises ``ValidationError``."""
+    ops: list[dict[str, Any]] = []
+    for op in msg.ops:
+        kind = op.WhichOneof("op")
+        body = getattr(op, kind) if kind else None
+        if kind == "add_node":
+            item: dict[str, Any] = {"op": kind, "id": body.id, "features": list(body.features)}
+            if body.HasField("label"):
+                item["label"] = body.label
+            elif body.labels:
+                item["label"] = list(body.labels)
+        elif kind == "set_features":
+            item = {"op": kind, "id": body.id, "features": list(body.features)}
+        elif kind in ("add_edge", "remove_edge"):
+            item = {"op": kind, "src": body.src, "dst": body.dst}
+        elif kind == "remove_node":
+            item = {"op": kind, "id": body.id}
+        else:
+            item = {"op": "(none)"}  # refused by the model, with this op's index
+        ops.append(item)
+    return GraphUpdate(ops=ops)
 
 
 def to_proto(resp: Answer | PredictResponse) -> Any:
@@ -194,11 +209,11 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
                           [("retry-after", str(max(1, math.ceil(decision.retry_after_s))))])
 
     async def _serve(self, request: Any, context: grpc.aio.ServicerContext,
-                     body: Callable[[Any], Any], method: str) -> Any:
+                     body: Callable[[Any], Any], method: str, scope: str = "predict") -> Any:
         try:
             if isinstance(request, _Malformed):
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
-            await self._admit(context, "predict")
+            await self._admit(context, scope)
             return await body(request)
         except _Reject as exc:
             failure = exc
@@ -218,10 +233,21 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
             try:
                 req = to_request(msg)
             except ValidationError as exc:  # only the request's: a ValidationError later is a bug
-                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, describe_validation(exc)) from exc
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, ApiError.invalid(exc).message) from exc
             return to_proto(await self.gateway.run_predict(req))
 
         return await self._serve(request, context, body, "Predict")
+
+    async def UpdateGraph(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async def body(msg: Any) -> Any:
+            try:
+                update = to_graph_update(msg)
+            except ValidationError as exc:
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, ApiError.invalid(exc).message) from exc
+            ack = await self.gateway.update_graph(update)
+            return pb.UpdateGraphResponse(accepted=ack["accepted"], sequence=ack["sequence"])
+
+        return await self._serve(request, context, body, "UpdateGraph", scope="graph")
 
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         async def body(_: Any) -> Any:
@@ -243,6 +269,9 @@ def rpc_handler(servicer: GraphSAGEServicer) -> grpc.GenericRpcHandler:
         "Predict": grpc.unary_unary_rpc_method_handler(
             servicer.Predict, request_deserializer=_lenient(pb.PredictRequest),
             response_serializer=pb.PredictResponse.SerializeToString),
+        "UpdateGraph": grpc.unary_unary_rpc_method_handler(
+            servicer.UpdateGraph, request_deserializer=_lenient(pb.UpdateGraphRequest),
+            response_serializer=pb.UpdateGraphResponse.SerializeToString),
         "ListModels": grpc.unary_unary_rpc_method_handler(
             servicer.ListModels, request_deserializer=_lenient(pb.ListModelsRequest),
             response_serializer=pb.ListModelsResponse.SerializeToString),

@@ -3,8 +3,9 @@
 - Refuses every body that is not JSON (415): BentoML's internal pickle media type, multipart
   and form bodies never reach a parser from outside.
 - Rejects oversized bodies early (413), by Content-Length and by counting streamed bytes.
-- Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``, the rest
-  of the API ``predict``; health, metrics and the OpenAPI document are public.
+- Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``,
+  ``POST /graph/updates`` ``graph``, the rest of the API ``predict``; health, metrics and the
+  OpenAPI document are public.
 - Rate limits per key (429 with Retry-After); adds Retry-After to any 503 (load shedding, a
   model runner down) that lacks one.
 Errors are JSON ``{"error": ..., "status": ...}``.
@@ -36,6 +37,13 @@ async def send_json(send: Send, status: int, message: str, headers: dict[str, st
     await send_error(send, ApiError(status, message, headers))
 
 
+def required_scope(path: str) -> str:
+    """The key scope a route needs: ``/admin/*`` admin, writing the graph graph, the rest predict."""
+    if path.startswith("/admin"):
+        return "admin"
+    return "graph" if path == "/graph/updates" else "predict"
+
+
 class HttpGuard:
     def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
                  limiter: Any | None = None, max_body_bytes: int | None = None) -> None:
@@ -59,7 +67,7 @@ class HttpGuard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             return await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")
-        needed = "admin" if scope["path"].startswith("/admin") else "predict"
+        needed = required_scope(scope["path"])
         try:
             principal = self.auth.check(headers.get("authorization"), headers.get("x-api-key"), needed)
         except AuthError as exc:

@@ -18,6 +18,8 @@ def gateway_metrics() -> SimpleNamespace:
                            labelnames=["model", "outcome"]),
         latency=m.Histogram(name="gateway_request_seconds", documentation="End-to-end predict latency by version",
                             labelnames=["model", "outcome"], buckets=LATENCY_BUCKETS),
+        graph_updates=m.Counter(name="gateway_graph_updates_accepted_total",
+                                documentation="Graph update ops accepted (durable in the update log)", labelnames=["op"]),
         breaker=m.Gauge(name="gateway_breaker_state", documentation="Circuit breaker: 0 closed, 1 half-open, 2 open",
                         labelnames=["dependency"], multiprocess_mode="livemax"),
     )

@@ -23,6 +23,7 @@ from common import wire
 from common.batching import AdaptiveBatcher
 from common.predict_request import random_seed
 from common.errors import ApiError
+from common.predict_request import NOT_YET_APPLIED
 from common.remote import RunnerRejected, UpstreamFailed, failure_reason
 from common.breaker import BreakerOpen, CircuitBreaker
 from services.answer import Answer, from_wire
@@ -122,7 +123,8 @@ class PredictionCore:
 
     def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
                  model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
-                 max_merge_nodes: int = 1024, max_inflight: int = 4, overlap_ratio: float = 1.0) -> None:
+                 max_merge_nodes: int = 1024, max_inflight: int = 4, overlap_ratio: float = 1.0,
+                 min_sequence_wait_s: float = 1.0) -> None:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         self.router = router
@@ -130,6 +132,7 @@ class PredictionCore:
         self.feature_breaker = feature_breaker
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
+        self.min_sequence_wait_s = min_sequence_wait_s  # a request's wait for its min_sequence, on top
         self.stale = stale or StaleAnswers()
         self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
             self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
@@ -169,14 +172,16 @@ class PredictionCore:
             packed = await self.feature_breaker.call(
                 self._predict, node_ids=[n for c in calls for n in c.req.node_ids], fanout=first.req.fanout,
                 seeds=[c.seed for c in calls for _ in c.req.node_ids], model=first.tag,
-                embedding=first.req.embedding, timeout_s=self.timeout_s, ignore=(RunnerRejected, UpstreamFailed))
+                embedding=first.req.embedding, min_sequence=max(c.req.min_sequence or 0 for c in calls),
+                timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls),
+                ignore=(RunnerRejected, UpstreamFailed))
         except UpstreamFailed as exc:
             self.model_breaker.record_failure()
             return self._model_unavailable(calls, 1.0, str(exc))  # the FeatureRunner's words
         except RunnerRejected as exc:
             self.model_breaker.release_probe()  # the input was at fault, whichever runner said so
-            if exc.status == 404:
-                return [ApiError(404, f"unknown model version {first.tag!r}") for _ in calls]
+            if exc.status == NOT_YET_APPLIED:  # read-your-writes: the update is not applied yet
+                return [ApiError.unavailable(str(exc), 1.0) for _ in calls]
             return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
         except Exception as exc:  # noqa: BLE001 - anything else: the FeatureRunner is unavailable
             self.model_breaker.release_probe()

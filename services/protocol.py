@@ -53,6 +53,9 @@ class PredictRequest(_Model):
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)] | None = Field(
         None, description="Deterministic neighbour sampling.")
     embedding: StrictBool = Field(False, description="Also return each node's final embedding.")
+    min_sequence: Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)] | None = Field(
+        None, description="Read your writes: answer once the graph update with this sequence "
+                          "(from `POST /graph/updates`) is applied (503 with Retry-After if not soon).")
 
 
 class NodePrediction(_Model):
@@ -80,3 +83,69 @@ class RoutingChange(_Model):
     weights: dict[Version, Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
         None, max_length=16, description="set_weights: {version: weight}, any scale (90/10 = 0.9/0.1).")
     version: Version | None = Field(None, description="promote: the version that gets all traffic.")
+
+
+# -- graph updates (POST /graph/updates, gRPC UpdateGraph) -----------------------------------------
+
+Features = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(min_length=1, max_length=65536)]
+
+
+class AddNode(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["add_node"]
+    id: NodeId = Field(description="The new node's id (the caller's id space, below the configured capacity).")
+    features: Features = Field(description="Its feature vector (the snapshot's width).")
+    label: StrictInt | list[StrictInt] | None = Field(None, description="Its class (or tags), for training.")
+
+
+class SetFeatures(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["set_features"]
+    id: NodeId
+    features: Features
+
+
+class AddEdge(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["add_edge"]
+    src: NodeId
+    dst: NodeId = Field(description="An undirected graph gets the edge in both directions.")
+
+
+class RemoveEdge(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["remove_edge"]
+    src: NodeId
+    dst: NodeId
+
+
+class RemoveNode(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["remove_node"]
+    id: NodeId = Field(description="The node and all its edges go; predicting it answers 404.")
+
+
+GraphOp = Annotated[AddNode | SetFeatures | AddEdge | RemoveEdge | RemoveNode, Field(discriminator="op")]
+
+
+class GraphUpdate(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    ops: list[GraphOp] = Field(min_length=1, description="Validated whole, applied atomically, in order.")
+
+
+class GraphUpdateAck(_Model):
+    accepted: int = Field(description="Ops in the batch, all applied.")
+    sequence: int = Field(description="The batch's place in the update log: pass it as `min_sequence` to read it.")
+
+
+class CompactRequest(_Model):
+    model_config = ConfigDict(extra="forbid")
+
+    upto: Annotated[StrictInt, Field(ge=0)] | None = Field(None, description="Fold the log up to this sequence "
+                                                                             "(default: all of it).")

@@ -91,7 +91,8 @@ def hub(graph, min_degree: int = 100) -> int:
 @pytest.mark.parametrize(
     "node_ids, match",
     [
-        ([3000], r"unknown node ids \[3000\].*0\.\.2999"),
+        ([3000], r"node ids \[3000\] are not in the graph"),  # within the capacity (6000), not a node
+        ([6000], r"unknown node ids \[6000\].*0\.\.5999"),
         ([0, 5, 10**6], r"unknown node ids \[1000000\]"),
         ([-1], r"unknown node ids \[-1\]"),
         ([1, -7, 2], r"unknown node ids \[-7\]"),
@@ -108,7 +109,7 @@ def hub(graph, min_degree: int = 100) -> int:
         (np.array([], dtype=np.int64), "empty"),
         (np.array([1.0, 2.0]), "integers"),
         (np.array([True]), "integers"),
-        (np.array([3000]), "unknown node ids"),
+        (np.array([6000]), "unknown node ids"),
         ("1,2,3", "list of integers"),
         (7, "list of integers"),
         (None, "list of integers"),

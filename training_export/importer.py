@@ -114,6 +114,7 @@ def import_graph(
         test=test,
         task=task,
         source=f"import(edges={inputs['edges']})",
+        directed=not symmetrize,
         extra={
             "input_files": inputs,
             "symmetrized": bool(symmetrize),

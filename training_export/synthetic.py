@@ -68,6 +68,7 @@ def generate(spec: SyntheticGraphSpec = SyntheticGraphSpec(), progress: bool = T
         test=test,
         task=spec.task,
         source=f"synthetic(seed={spec.seed})",
+        directed=False,  # a social graph: an update's edge goes in both lists
         extra={"generator": dataclasses.asdict(spec)},
     )
 

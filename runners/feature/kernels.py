@@ -2,9 +2,9 @@
 last hop's mean (the premean FeatureTensor).
 
 Both were numpy code whose cost was the number of numpy calls, not the arithmetic: ~60 calls per
-request whatever its size. Compiled, one request's sampling costs 0.02-0.04 ms instead of 0.40
-(one target) and 0.23 instead of 2.7 ms (256 targets), with bit-for-bit the same samples
-(``tests/sampling_reference.py`` is the numpy algorithm, the oracle of the tests).
+request whatever its size. Compiled, one request's sampling costs a fraction of that, with
+bit-for-bit the same samples (``tests/sampling_reference.py`` is the numpy algorithm, the oracle
+of the tests); ``python bench/bench_model.py`` times sample + compact per batch size.
 
 Imported inside the functions that use it (``runners.feature.sampling``, ``common.feature_tensor.compact``): the gateway imports
 the runner classes for ``bentoml.depends`` and must not load LLVM. Kernels are cached on disk
@@ -35,49 +35,66 @@ def _splitmix64(x: np.uint64) -> np.uint64:
     return x ^ (x >> np.uint64(31))
 
 
+@njit(cache=True, inline="always")
+def _draw_row(src: np.ndarray, start: np.int64, deg: np.int64, v: np.int64, seed: np.int64, k: int,
+              hop_key: np.uint64, chosen: np.ndarray, out: np.ndarray, i: int) -> None:
+    """``out[i]`` from the neighbour list ``src[start:start + deg]`` of node ``v``."""
+    if deg <= k:
+        for c in range(k):
+            out[i, c] = src[start + c] if c < deg else PAD
+        return
+    key = _splitmix64(np.uint64(seed & _SEED_MASK)) ^ (np.uint64(v) * _NODE_MUL)
+    j = deg - k
+    for step in range(k):
+        bits = _splitmix64(key ^ ((np.uint64(step) + hop_key) * _STEP_MUL)) >> np.uint64(11)
+        t = np.int64(np.float64(bits) * _TO_UNIT * (j + 1))
+        for s in range(step):
+            if chosen[s] == t:
+                t = j
+                break
+        chosen[step] = t
+        j += 1
+    for c in range(k):
+        out[i, c] = src[start + chosen[c]]
+
+
 @njit(cache=True)
-def sample_level(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, seeds: np.ndarray, k: int,
-                 hop: int, out: np.ndarray) -> None:
+def sample_level(indptr: np.ndarray, indices: np.ndarray, ov_offset: np.ndarray, ov_degree: np.ndarray,
+                 ov_arena: np.ndarray, nodes: np.ndarray, seeds: np.ndarray, k: int, hop: int,
+                 out: np.ndarray) -> None:
     """``out[i]``: up to ``k`` distinct neighbours of ``nodes[i]``, real ones first, then PAD.
+
+    A node's neighbour list is the base CSR's, unless the overlay has one for it
+    (``ov_offset[v] >= 0``: ``ov_arena[ov_offset[v]:][:ov_degree[v]]``, the list after the graph's
+    updates, in the order a compacted snapshot stores it); empty overlay arrays mean none.
 
     The draw of step s for node v is ``splitmix64(splitmix64(seed) ^ v * NODE_MUL ^ (s + hop *
     1_000_003 + 1) * STEP_MUL) >> 11`` scaled to [0, 1); Floyd's step s turns it into t in
-    [0, deg - k + s] and takes deg - k + s instead when t was drawn before.
+    [0, deg - k + s] and takes deg - k + s instead when t was drawn before. It depends on the
+    list's length and order only, so a list read from the overlay draws what the same list read
+    from a compacted CSR draws.
     """
     chosen = np.empty(k, np.int64)
     hop_key = np.uint64(hop * 1_000_003 + 1)
+    n_overlay = ov_offset.size
     for i in range(nodes.size):
         v = nodes[i]
         if v < 0:
             out[i, :] = PAD
             continue
-        start = np.int64(indptr[v])
-        deg = np.int64(indptr[v + 1]) - start
-        if deg <= k:
-            for c in range(k):
-                out[i, c] = indices[start + c] if c < deg else PAD
-            continue
-        key = _splitmix64(np.uint64(seeds[i] & _SEED_MASK)) ^ (np.uint64(v) * _NODE_MUL)
-        j = deg - k
-        for step in range(k):
-            bits = _splitmix64(key ^ ((np.uint64(step) + hop_key) * _STEP_MUL)) >> np.uint64(11)
-            t = np.int64(np.float64(bits) * _TO_UNIT * (j + 1))
-            for s in range(step):
-                if chosen[s] == t:
-                    t = j
-                    break
-            chosen[step] = t
-            j += 1
-        for c in range(k):
-            out[i, c] = indices[start + chosen[c]]
+        if v < n_overlay and ov_offset[v] >= 0:
+            _draw_row(ov_arena, np.int64(ov_offset[v]), np.int64(ov_degree[v]), v, seeds[i], k, hop_key, chosen, out, i)
+        else:
+            start = np.int64(indptr[v])
+            _draw_row(indices, start, np.int64(indptr[v + 1]) - start, v, seeds[i], k, hop_key, chosen, out, i)
 
 
 @njit(cache=True)
 def _distinct_positions(flat: np.ndarray, mark: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct ids >= 0 in order of first appearance, each entry's position among them or -1,
     each distinct id's first entry). ``mark`` is a scratch map id -> position, all -1 on entry
-    and on return: one pass, where np.unique sorts every entry (and numba's sort is 5x slower
-    than numpy's)."""
+    and on return: one pass, where np.unique sorts every entry (and numba's sort is slower than
+    numpy's; no benchmark compares them)."""
     distinct = np.empty(flat.size, np.int64)
     positions = np.empty(flat.size, np.int32)
     first = np.empty(flat.size, np.int64)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import Any
 
-from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
+from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, labelled
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,3 +31,38 @@ def feature_metrics() -> SimpleNamespace:
         l2_errors=m.Counter(name="feature_l2_errors", documentation="L2 (Redis) failures (timeouts, refused, moved) served from origin"),
         scans=m.Counter(name="feature_scan_batches", documentation="Batches fetched as scans: the snapshot only, no cache read or fill"),
     )
+
+
+@functools.lru_cache(maxsize=1)
+def graph_metrics() -> SimpleNamespace:
+    import bentoml
+
+    m = bentoml.metrics
+    return SimpleNamespace(
+        applied=m.Counter(name="graph_updates_applied_total", documentation="Graph update ops applied by this worker",
+                          labelnames=["op"]),
+        staleness=m.Histogram(name="graph_update_staleness_seconds",
+                              documentation="From an update's acknowledgement to this worker applying it",
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)),
+        sequence=m.Gauge(name="graph_applied_sequence", documentation="The last update log entry this worker applied",
+                         multiprocess_mode="liveall"),
+        lag=m.Gauge(name="graph_lag_entries", documentation="Update log entries this worker has not applied yet",
+                    multiprocess_mode="liveall"),
+        overlay=m.Gauge(name="graph_overlay_size", documentation="The overlay over the snapshot: nodes with their own "
+                        "neighbour list, list entries, feature rows, bytes", labelnames=["what"], multiprocess_mode="liveall"),
+    )
+
+
+def graph_observer() -> Any:
+    """The live graph's metrics hooks (``runners.feature.live.Observer``)."""
+    from runners.feature.live import Observer
+
+    m = graph_metrics()
+
+    def state(status: dict[str, Any]) -> None:
+        m.sequence.set(status["applied"])
+        m.lag.set(status["lag_entries"])
+        for what in ("nodes", "edges", "feature_rows", "bytes"):
+            m.overlay.labels(what).set(status["overlay"][what])
+
+    return Observer(applied=lambda op, n: labelled(m.applied, op).inc(n), staleness=m.staleness.observe, state=state)

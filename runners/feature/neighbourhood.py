@@ -18,6 +18,7 @@ from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
 from common.feature_tensor import FeatureTensor, PremeanTree, compact
 from runners.feature.narrowing import to_dtype
 from common.predict_request import random_seed
+from runners.feature.graph import LiveGraph
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
 
@@ -30,6 +31,10 @@ class InvalidRequest(ValueError):
 
 class TooManyNodes(InvalidRequest):
     """More node ids than one request may carry (maps to HTTP 413)."""
+
+
+class NodeNotFound(InvalidRequest):
+    """Node ids within the graph's id range that are not nodes (removed, or never added): 404."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,26 +57,28 @@ class BatchTimings:
 
 
 class NeighbourhoodBuilder:
-    def __init__(self, snapshot: GraphSnapshot, store: TieredFeatureStore, max_fanout: Sequence[int],
+    def __init__(self, graph: LiveGraph | GraphSnapshot, store: TieredFeatureStore, max_fanout: Sequence[int],
                  max_nodes: int = 1024, scan_min_targets: int = 0) -> None:
-        """``scan_min_targets``: batches with at least this many targets fetch as a scan
+        """``graph``: the live graph served (a snapshot alone: one with no updates).
+        ``scan_min_targets``: batches with at least this many targets fetch as a scan
         (``TieredFeatureStore``: L1 and origin only, no cache fill); 0: never."""
-        self.snapshot = snapshot
+        self.graph = graph if isinstance(graph, LiveGraph) else LiveGraph(graph)
+        snapshot = self.graph.base
         self.scan_min_targets = scan_min_targets
         self.store = store
         self.max_fanout = tuple(int(k) for k in max_fanout)
         self.max_nodes = max_nodes
         self.last = BatchTimings()
         # Compile (or load) the kernels for this snapshot's array types now, not in the first
-        # request: a read-only memory map is a numba type of its own (a 2-s compile otherwise).
+        # request: a read-only memory map is a numba type of its own (else seconds of compiling).
         compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, seed=0))
         if len(self.max_fanout) >= 2:
             tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
                                       np.zeros(1, np.int64))
             tree.tensor_parts(snapshot.features[tree.unique])
-        # Likewise ONNX Runtime's Cast session for float16 rows (runners/feature/narrowing.py): importing
-        # onnx and onnxruntime cost the first float16 request 0.48 s here, ~1.5 s on a 3x slower
-        # machine, where that first request's model call then missed its deadline (a 503 in CI).
+        # Likewise ONNX Runtime's Cast session for float16 rows (runners/feature/narrowing.py):
+        # importing onnx and onnxruntime in the first float16 request made it slow enough, on a slow
+        # machine, that its model call missed its deadline (a 503 in CI).
         to_dtype(np.ascontiguousarray(snapshot.features[:1]), "float16")
 
     def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
@@ -82,9 +89,13 @@ class NeighbourhoodBuilder:
             raise InvalidRequest("node_ids is empty")
         if ids.size > self.max_nodes:
             raise TooManyNodes(f"{ids.size} node ids in one request; the limit is {self.max_nodes}")
-        bad = ids[(ids < 0) | (ids >= self.snapshot.num_nodes)]
+        capacity = self.graph.capacity
+        bad = ids[(ids < 0) | (ids >= capacity)]
         if bad.size:
-            raise InvalidRequest(f"unknown node ids {bad[:5].tolist()} (the graph has ids 0..{self.snapshot.num_nodes - 1})")
+            raise InvalidRequest(f"unknown node ids {bad[:5].tolist()} (node ids are 0..{capacity - 1})")
+        absent = ids[~self.graph.contains(ids)]
+        if absent.size:
+            raise NodeNotFound(f"node ids {absent[:5].tolist()} are not in the graph (removed, or never added)")
         if fanout is not None and not isinstance(fanout, (list, tuple, np.ndarray)):
             raise InvalidRequest(f"fanout must be a list of {len(self.max_fanout)} integers")
         fan = self.max_fanout if fanout is None else tuple(fanout)
@@ -109,14 +120,15 @@ class NeighbourhoodBuilder:
                               per_node, bool(premean) and len(fan) >= 2)  # premean needs 2+ hops
 
     async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
+        """One batch over the graph as it is now: the caller keeps updates out until it returns."""
         started = time.perf_counter()
+        base, overlay = self.graph.base, self.graph.overlay
         trees: list[list[np.ndarray]] = [[] for _ in requests]
         by_fanout: dict[tuple[int, ...], list[int]] = defaultdict(list)
         premean_trees: dict[int, PremeanTree] = {}
         for i, r in enumerate(requests):
             if r.premean:  # sampled on its own: the last hop only for its distinct entries
-                tree = PremeanTree.sample(self.snapshot.indptr, self.snapshot.indices, r.node_ids, r.fanout,
-                                          _seeds_of(r))
+                tree = PremeanTree.sample(base.indptr, base.indices, r.node_ids, r.fanout, _seeds_of(r), overlay)
                 if tree.last_rows.size:
                     premean_trees[i] = tree
                     continue
@@ -126,7 +138,7 @@ class NeighbourhoodBuilder:
         for fan, members in by_fanout.items():
             targets = np.concatenate([requests[i].node_ids for i in members])
             seeds = np.concatenate([_seeds_of(requests[i]) for i in members])
-            tree = sample_tree(self.snapshot.indptr, self.snapshot.indices, targets, fan, seed=seeds)
+            tree = sample_tree(base.indptr, base.indices, targets, fan, seed=seeds, overlay=overlay)
             lo = 0
             for i in members:
                 hi = lo + requests[i].node_ids.size
@@ -135,7 +147,8 @@ class NeighbourhoodBuilder:
         sampled = time.perf_counter()
         # Compact first: a request's distinct ids are its rows. A batch of one (every bulk request)
         # then fetches exactly those rows and uses them as they come, without a second unique over
-        # the whole tree and a gather (assemble of a 256-target request, in-process: 13.3 -> 6.6 ms).
+        # the whole tree and a gather (this step is in the "assemble" stage of python -m
+        # bench.suite's stage breakdown; python bench/bench_premean.py times build per batch size).
         compacted = [(premean_trees[i].unique, premean_trees[i]) if i in premean_trees else compact(trees[i])
                      for i in range(len(requests))]
         if len(compacted) == 1:
@@ -152,10 +165,10 @@ class NeighbourhoodBuilder:
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
             if isinstance(index, PremeanTree):
                 kept, inner, last_rows, last_mean = index.tensor_parts(feats)
-                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, self.snapshot.tag, last_rows,
+                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, base.tag, last_rows,
                                          to_dtype(last_mean, r.dtype), r.fanout[-1]))
             else:
-                out.append(FeatureTensor(to_dtype(feats, r.dtype), index, self.snapshot.tag))
+                out.append(FeatureTensor(to_dtype(feats, r.dtype), index, base.tag))
         assemble_s = compacted_s + (time.perf_counter() - fetched)
         self.last = BatchTimings(sampled - started, fetch_stats, assemble_s, n_targets, int(all_ids.size))
         return out

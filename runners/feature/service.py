@@ -33,8 +33,11 @@ from common.remote import UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_r
 from common.service_auth import ServiceGuard, ServiceTokens, ensure_shared_token
 from common.settings import runner_service_options, settings
 from runners.feature.cache.tiered import build_feature_store
-from runners.feature.metrics import feature_metrics
-from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
+from runners.feature.metrics import feature_metrics, graph_observer
+from runners.feature.graph import BatchRejected, LiveGraph
+from runners.feature.live import GraphKeeper, LogBehind, NotApplied, TooManyOps
+from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, NodeNotFound, TooManyNodes
+from runners.feature.update_log import LogUnavailable, update_log_from
 from runners.feature.snapshot import load_snapshot
 from runners.graphsage.service import GraphSAGERunner
 
@@ -59,10 +62,17 @@ class FeatureRunner:
         self._premean_min_targets = cfg.premean_min_targets
         self._takes_premean: dict[str, bool] = {}  # model tag -> the model runner said so
         self.snapshot = load_snapshot(cfg.snapshot_tag)
-        self.store = build_feature_store(cfg, self.snapshot.features, self.snapshot.tag)
+        graph = LiveGraph(self.snapshot, cfg.graph_capacity)
+        self.store = build_feature_store(cfg, self.snapshot.features, self.snapshot.tag, graph)
         self.store.on_fill = labelled(feature_metrics().stage, "l1_fill").observe
-        self.builder = NeighbourhoodBuilder(self.snapshot, self.store, cfg.fanout, cfg.runner_call_max_nodes,
+        self.builder = NeighbourhoodBuilder(graph, self.store, cfg.fanout, cfg.runner_call_max_nodes,
                                             cfg.scan_min_targets)
+        self.update_log = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.redis_url, cfg.redis_ca_file,
+                                          cfg.graph_log_key)
+        self.keeper = GraphKeeper(graph, self.update_log, on_swap=self._serve, on_rows_changed=self.store.invalidate,
+                                  poll_interval_s=cfg.graph_poll_interval_ms / 1000, max_ops=cfg.graph_max_ops,
+                                  capacity=cfg.graph_capacity, observer=graph_observer())
+        self._min_sequence_wait_s = cfg.min_sequence_wait_s
         self.batcher: AdaptiveBatcher[FeatureRequest, FeatureTensor] = AdaptiveBatcher(
             self._build, max_batch_size=max(cfg.max_batch_targets, cfg.runner_call_max_nodes),
             size_of=lambda r: int(r.node_ids.size),
@@ -76,17 +86,33 @@ class FeatureRunner:
         # workers (no benchmark times the pauses; gc.callbacks under python -m bench.suite would).
         gc.freeze()
 
+    @bentoml.on_startup
+    async def start_graph(self) -> None:
+        """Bring the graph up to date before serving (a restart: snapshot + the log after it),
+        then follow the update log."""
+        await self.keeper.start()
+        log.info("graph at update %d (%s)", self.keeper.graph.sequence, self.update_log)
+
     @bentoml.on_shutdown
     async def close(self) -> None:
         """Send the write-back buffered for Redis (bounded by its timeout), close the connections."""
+        await self.keeper.close()
         await self.store.close()
         await self.model.close()
+        await self.update_log.close()
+
+    def _serve(self, graph: LiveGraph) -> None:
+        """A compaction's graph takes over (called under the keeper's lock, between batches)."""
+        self.builder.graph = graph
+        self.store.rebind(graph)
+        self.snapshot = graph.base
 
     async def _build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         if self._warm_task is None and settings().warm_nodes > 0:
             hot = np.argsort(-self.snapshot.degrees())[: settings().warm_nodes]
             self._warm_task = asyncio.get_running_loop().create_task(self.store.warm(hot))
-        out = await self.builder.build(requests)
+        async with self.keeper.lock:  # one graph state per batch: updates wait for it, it for them
+            out = await self.builder.build(requests)
         self._observe()
         return out
 
@@ -119,6 +145,8 @@ class FeatureRunner:
             request = self.builder.validate(node_ids, fanout, seed, dtype, seeds, premean)
         except TooManyNodes as exc:
             raise ApiError(422, str(exc)) from exc
+        except NodeNotFound as exc:
+            raise ApiError(404, str(exc)) from exc
         except InvalidRequest as exc:
             raise ApiError(400, str(exc)) from exc
         return await self.batcher.submit(request)
@@ -154,6 +182,11 @@ class FeatureRunner:
             options, node_ids, seeds = predict_request.decode(request)
         except predict_request.BadPredictRequest as exc:
             raise ApiError(400, f"bad predict request: {exc}") from exc
+        if options.get("min_sequence"):
+            try:
+                await self.keeper.wait_for(options["min_sequence"], self._min_sequence_wait_s)
+            except NotApplied as exc:
+                raise ApiError(predict_request.NOT_YET_APPLIED, str(exc)) from exc
         return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
                                    seeds, options["model"], options["embedding"])
 
@@ -203,8 +236,56 @@ class FeatureRunner:
         """The snapshot served, the fanout limits and cache counters per level."""
         return {"graph_snapshot": self.snapshot.tag, "num_nodes": self.snapshot.num_nodes,
                 "num_edges": self.snapshot.num_edges, "feature_dim": self.snapshot.feature_dim,
+                "graph_sequence": self.keeper.graph.sequence,
                 "max_fanout": list(self.builder.max_fanout), "cache": self.store.stats(),
                 "batches": vars(self.batcher.stats)}
+
+    @bentoml.api
+    @answers_errors
+    async def graph_update(self, ops: list[dict]) -> dict:
+        """Apply a batch of graph updates (``runners.feature.graph``): validated whole against the
+        graph as the log has it, appended durably to the update log, applied here; every other
+        worker applies it from the log. Answers ``{"accepted": N, "sequence": S}``."""
+        try:
+            entry = await self.keeper.submit(ops)
+        except BatchRejected as exc:
+            raise ApiError(422, str(exc)) from exc
+        except TooManyOps as exc:
+            raise ApiError(413, str(exc)) from exc
+        except LogUnavailable as exc:
+            raise ApiError.unavailable(f"update log unavailable, nothing was accepted: {exc}", 1.0) from exc
+        except LogBehind as exc:
+            raise ApiError(409, str(exc)) from exc
+        return {"accepted": len(ops), "sequence": entry.sequence}
+
+    @bentoml.api
+    @answers_errors
+    async def graph_status(self) -> dict:
+        """The update log's head and every worker's applied sequence, lag and overlay."""
+        out: dict = {"this_worker": self.keeper.worker, "capacity": self.keeper.graph.capacity,
+                     "directed": self.keeper.graph.directed, "last_compaction": self.keeper.last_compaction}
+        try:
+            out["log"] = {"kind": settings().graph_log_kind, "head": await self.update_log.head()}
+            workers = await self.update_log.statuses()
+        except LogUnavailable as exc:
+            out["log"] = {"kind": settings().graph_log_kind, "error": str(exc)}
+            workers = {}
+        workers[self.keeper.worker] = {**workers.get(self.keeper.worker, {}), **self.keeper.status()}
+        head = out["log"].get("head", self.keeper.head)
+        for status in workers.values():
+            status["lag_entries"] = max(0, head - int(status.get("applied", 0)))
+        out["workers"] = workers
+        return out
+
+    @bentoml.api
+    @answers_errors
+    async def graph_compact(self, upto: int | None = None) -> dict:
+        """Fold the update log (up to ``upto``, default all of it) into a new graph snapshot that
+        every worker then switches to (no request fails, no answer changes)."""
+        try:
+            return await self.keeper.compact(upto)
+        except LogUnavailable as exc:
+            raise ApiError.unavailable(f"update log unavailable: {exc}", 1.0) from exc
 
 
 FeatureRunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token

@@ -8,8 +8,12 @@ them without copying)::
     features.npy  float32 [N, F]
     labels.npy    int64 [N] (multiclass) or uint8 [N, C] (multilabel)
     train.npy / val.npy / test.npy   int64 node ids of each split
+    present.npy   bool [N]       optional: which ids are nodes (a compaction after remove_node)
 
-Metadata (``bentoml models get``) holds counts, dims, degree statistics, task and source.
+Metadata (``bentoml models get``) holds counts, dims, degree statistics, task and source, whether
+the graph is ``directed`` (an undirected graph stores each edge in both endpoints' lists, and an
+added edge goes in both), and ``log_sequence``: the last graph update a compaction folded in
+(0 for a snapshot built from files), from which a FeatureRunner replays the update log.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import numpy as np
 
 SNAPSHOT_MODEL_NAME = "graph-snapshot"
 ARRAYS = ("indptr", "indices", "features", "labels", "train", "val", "test")
+OPTIONAL_ARRAYS = ("present",)
 TASKS = ("multiclass", "multilabel")
 # Metadata recomputed from the arrays on every save; everything else in metadata is ``extra``.
 DERIVED_METADATA = frozenset({
     "num_nodes", "num_edges", "feature_dim", "num_classes", "degree_mean", "degree_p50",
-    "degree_p99", "degree_max", "isolated_nodes", "split_sizes",
+    "degree_p99", "degree_max", "isolated_nodes", "split_sizes", "directed", "log_sequence", "removed_nodes",
 })
 
 
@@ -43,6 +48,12 @@ class GraphSnapshot:
     source: str = "unknown"
     tag: str = ""  # filled when loaded from / saved to the store
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    directed: bool = False
+    present: np.ndarray | None = None  # None: every id in [0, N) is a node
+    log_sequence: int = 0  # the last graph update folded in (runners.feature.graph)
+
+    def present_mask(self) -> np.ndarray:
+        return np.ones(self.num_nodes, dtype=bool) if self.present is None else np.asarray(self.present, dtype=bool)
 
     @property
     def num_nodes(self) -> int:
@@ -84,6 +95,8 @@ class GraphSnapshot:
             split = getattr(self, name)
             if split.size and (split.min() < 0 or split.max() >= n):
                 raise ValueError(f"split {name!r} holds node ids outside [0, {n})")
+        if self.present is not None and self.present.shape != (n,):
+            raise ValueError(f"present must be [num_nodes={n}] booleans, got {self.present.shape}")
 
     def metadata(self) -> dict[str, Any]:
         deg = self.degrees()
@@ -100,6 +113,9 @@ class GraphSnapshot:
             "degree_max": int(deg.max()) if deg.size else 0,
             "isolated_nodes": int((deg == 0).sum()),
             "split_sizes": {s: int(getattr(self, s).size) for s in ("train", "val", "test")},
+            "directed": bool(self.directed),
+            "log_sequence": int(self.log_sequence),
+            "removed_nodes": 0 if self.present is None else int((~self.present_mask()).sum()),
             **self.extra,
         }
 
@@ -107,11 +123,18 @@ class GraphSnapshot:
 def write_arrays(snapshot: GraphSnapshot, directory: str) -> None:
     for name in ARRAYS:
         np.save(os.path.join(directory, f"{name}.npy"), getattr(snapshot, name))
+    if snapshot.present is not None:
+        np.save(os.path.join(directory, "present.npy"), snapshot.present)
 
 
 def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
     mode = "r" if mmap else None
-    return {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode) for name in ARRAYS}
+    arrays = {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode) for name in ARRAYS}
+    for name in OPTIONAL_ARRAYS:
+        path = os.path.join(directory, f"{name}.npy")
+        if os.path.exists(path):
+            arrays[name] = np.load(path, mmap_mode=mode)
+    return arrays
 
 
 def save_snapshot(snapshot: GraphSnapshot, labels: dict[str, str] | None = None) -> str:
@@ -138,10 +161,22 @@ def load_snapshot(tag: str = f"{SNAPSHOT_MODEL_NAME}:latest", mmap: bool = True)
     meta = dict(model.info.metadata)
     arrays = read_arrays(model.path, mmap=mmap)
     known = {"task", "source"}
+    extra = {k: v for k, v in meta.items() if k not in known | DERIVED_METADATA}
+    source = meta.get("source", "unknown")
     return GraphSnapshot(
         **arrays,
         task=meta.get("task", "multiclass"),
-        source=meta.get("source", "unknown"),
+        source=source,
         tag=str(model.tag),
-        extra={k: v for k, v in meta.items() if k not in known | DERIVED_METADATA},
+        extra=extra,
+        directed=bool(meta.get("directed", _directed_by_origin(source, extra))),
+        log_sequence=int(meta.get("log_sequence", 0)),
     )
+
+
+def _directed_by_origin(source: str, extra: dict[str, Any]) -> bool:
+    """For snapshots saved before ``directed`` was recorded: the generator's social graphs are
+    undirected, an import is undirected when it was symmetrized."""
+    if "symmetrized" in extra:
+        return not extra["symmetrized"]
+    return not source.startswith("synthetic")

@@ -6,19 +6,22 @@ Node ids are dense (``[0, num_nodes)``), so the index is a direct map, not a has
 * ``_slab[slot]`` holds the row, ``_id_of[slot]`` its id (-1: free), ``_expiry[slot]`` its
   deadline on the injectable ``clock`` and ``_last_use[slot]`` a logical timestamp.
 
-A batch lookup is therefore three gathers and a scatter, with no Python loop per id. Measured
-side by side (a Zipf stream of 276-id lookups, misses inserted, L1 at 10% of 100k rows): get + put
-P50 0.46 -> 0.15 ms, P99 1.18 -> 0.36 ms; a 256-target batch (~7k ids) 20.9 -> 4.7 ms. Recency is
-a counter, not a linked list: ``get`` stamps each hit with the next timestamps in batch order (a
-later duplicate is more recent, as with ``move_to_end``).
+A batch lookup is therefore three gathers and a scatter, with no Python loop per id, and was
+measured faster than the ``OrderedDict`` LRU it replaced, for single requests and bulk batches
+alike (``python bench/bench_cache.py`` times ``L1 get``; ``python bench/bench_features.py``,
+section 1, the L1 path of a request). Recency is a counter, not a linked list: ``get`` stamps each
+hit with the next timestamps in batch order (a later duplicate is more recent, as with
+``move_to_end``).
 
 Eviction (only on insert, when no free slot is left) takes the least recently used entries with
 one ``argpartition`` over the timestamps. That is O(capacity), so it evicts in chunks: the
 ``short`` slots needed, and at least ``capacity // EVICT_FRACTION`` when the cache is that large,
 never an entry the same ``put`` just refreshed. The cache thus sits between 15/16 and all of its
-capacity, and the partition runs once per chunk, not per request (1/64 chunks: P50 0.29 ms; hit
-ratio 25.1% vs 25.6% on that stream: the 1/16 chunk is the better trade). Which entries leave is
-still decided by recency alone (``tests/test_cache_l1.py`` checks it against a reference model).
+capacity, and the partition runs once per chunk, not per request (1/64 chunks were slower for
+about the same hit ratio on that stream: the 1/16 chunk is the better trade; no benchmark varies
+``EVICT_FRACTION``, but ``bench/bench_features.py``'s "L1 policy" section, run with it changed,
+would show it). Which entries leave is still decided by recency alone (``tests/test_cache_l1.py``
+checks it against a reference model).
 
 Byte bound: each slot costs its row plus ``ENTRY_OVERHEAD_BYTES`` (id, deadline, timestamp, a
 place on the free stack); with ``num_ids`` known the direct map (4 B per id, 5 with admission) is
@@ -34,8 +37,8 @@ budget like the map), bumped by every ``get_many`` and halved after ``FREQ_WINDO
 capacity lookups, so old popularity fades. Why: a sampled 2-hop neighbourhood is mostly nodes seen
 once, and under LRU each of them pushed out a row that would have been hit again. On the demo graph
 (single-target Zipf(1.0) requests, fanout [25, 10], L1 at 10% of the rows; ``python
-bench/bench_features.py``, section "L1 policy") the filter at 3 uses raised the hit ratio 47.3% ->
-58.3% and cut inserts from 28.8 rows per request to 0.8 (uniform targets: 37.4% -> 48.7%). Until
+bench/bench_features.py``, section "L1 policy") the filter at 3 uses raised the hit ratio and cut
+the rows inserted per request to a small fraction, for uniform targets as well. Until
 the cache is full (less the chunk that eviction keeps free), everything is admitted, so a cold
 start fills as fast as before. ``warm`` (the start-up preload) bypasses the filter (``admit_all``).
 
@@ -59,8 +62,9 @@ ENTRY_OVERHEAD_BYTES = 32  # _id_of int64 + _expiry float64 + _last_use int64 + 
 MAP_BYTES_PER_ID = 4  # _slot_of int32
 USES_BYTES_PER_ID = 1  # _uses uint8, with admission on
 USES_MAX = 15  # a saturating count: the filter only asks "at least admit_min_uses"
-# Counts halve after 5 x capacity lookups: in a simulation of the Zipf stream 5x kept 63% of
-# lookups in L1 against 62% (10x) and 59% (20x).
+# Counts halve after 5 x capacity lookups: in a simulation of the Zipf stream 5x kept slightly
+# more lookups in L1 than 10x or 20x (no benchmark varies it, but bench/bench_features.py's "L1
+# policy" section, run with this changed, would show it).
 FREQ_WINDOW_PER_SLOT = 5
 EVICT_FRACTION = 16
 _NEVER = np.iinfo(np.int64).max  # _last_use of a free slot: never chosen for eviction
@@ -114,6 +118,7 @@ class L1Cache:
         self.rejected = 0  # new ids the admission filter kept out
         self.misses = 0
         self.evictions = 0
+        self.invalidations = 0
         self.expired = 0
 
     def __len__(self) -> int:
@@ -256,6 +261,15 @@ class L1Cache:
     def clear(self) -> None:
         used = np.flatnonzero(self._id_of >= 0)
         self._release(used)
+
+    def invalidate(self, ids: np.ndarray) -> int:
+        """Drop the rows of ``ids`` (a graph update changed them); returns how many were held."""
+        slots = self._lookup(as_ids(ids))
+        held = np.unique(slots[slots >= 0])
+        if held.size:
+            self._release(held)
+        self.invalidations += int(held.size)
+        return int(held.size)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -2,8 +2,13 @@
 
 Key layout, one string key per (snapshot, node)::
 
-    gsf:<snapshot_version>:<node_id>  ->  F * 4 bytes: the row as little-endian float32
-    e.g.  gsf:graph-snapshot:k3x9qz:42
+    gsf:<snapshot_version>:<node_id>[.<feature version>]  ->  F * 4 bytes: the row as little-endian float32
+    e.g.  gsf:graph-snapshot:k3x9qz:42      gsf:graph-snapshot:k3x9qz:42.3 (its row after 3 updates)
+
+* The feature version (``runners.feature.graph.LiveGraph.feature_versions``) counts the updates
+  of a node's row since the snapshot, so a worker that applied an update never reads a copy
+  written before it, and one that has not applied it yet keeps reading the one it expects: every
+  worker applies the same log and so counts alike. Old versions age out by TTL.
 
 * The snapshot version is part of the key, so two snapshots served side by side (a rollout, a
   canary) never read each other's rows, and a retired version needs no cleanup: its keys age
@@ -14,25 +19,28 @@ Key layout, one string key per (snapshot, node)::
 * A value whose length is not ``4 * F`` (a foreign writer, a different width) is a miss and is
   counted as ``corrupt``; it is never reshaped into garbage.
 
-Round trips and commands. redis-py spends ~35 us (standalone pipeline) to ~65 us (cluster
-pipeline) of event-loop CPU per queued command (measured on a 2-vCPU Xeon VM), so the number of *commands* matters as much as the
-number of round trips; both are kept at one per master:
+Round trips and commands. redis-py spends tens of microseconds of event-loop CPU per queued
+command (more in a cluster pipeline than in a standalone one), so the number of *commands*
+matters as much as the number of round trips; both are kept at one per master (``python
+bench/bench_cache.py [--cluster]`` times the reads and writes below):
 
 * standalone read: one ``MGET`` of all the request's keys, on a lean pipelined connection of
   its own (``runners/feature/cache/resp.py``; redis-py's for TLS and unix sockets).
 * standalone write: one ``EVAL`` of ``SET_SCRIPT`` (``SET key row PX ttl`` in a Lua loop). A
-  transaction-free pipeline of N ``SET``s was measured at ~10 ms of client CPU for 276 rows.
+  transaction-free pipeline of N ``SET``s cost milliseconds of client CPU for one request's rows
+  (``bench/bench_cache.py`` times the ``EVAL`` as "L2 put"; no benchmark times the pipeline).
 * Cluster (``redis+cluster://host:port`` or ``cluster=True``): a key per node id means nearly one
   slot per key, and ``MGET``/``mget_nonatomic`` need one command per slot (one round trip per
-  master, but ~6 ms of client CPU for 276 keys). Instead the keys are grouped by the master that
-  owns their slot (redis-py's slot map) and each master gets one ``EVAL`` of ``GET_SCRIPT`` /
-  ``SET_SCRIPT``; the scripts carry ``flags=allow-cross-slot-keys`` (Redis >= 7.0) and get the
-  keys as ``ARGV``, which Redis allows as long as every key is local to that master. All masters
-  are queried concurrently. If a master answers with an error instead (a slot moved during
-  resharding, Redis < 7), the request falls back to ``mget_nonatomic`` / a pipeline of ``SET``s,
-  which follow ``MOVED``, and ``fallbacks`` is counted; after 3 fallbacks in a row the scripts
-  pause for 60 s (``use_scripts=False`` turns them off). ``CLUSTERDOWN``/``TRYAGAIN`` are outages,
-  not script trouble: they fail the call like a refused connection.
+  master, but milliseconds of client CPU for one request's keys). Instead the keys are grouped
+  by the master that owns their slot (redis-py's slot map) and each master gets one ``EVAL``
+  of ``GET_SCRIPT`` / ``SET_SCRIPT``; the scripts carry ``flags=allow-cross-slot-keys`` (Redis
+  >= 7.0) and get the keys as ``ARGV``, which Redis allows as long as every key is local to that
+  master. All masters are queried concurrently. If a master answers with an error instead (a
+  slot moved during resharding, Redis < 7), the request falls back to ``mget_nonatomic`` / a
+  pipeline of ``SET``s, which follow ``MOVED``, and ``fallbacks`` is counted; after 3 fallbacks
+  in a row the scripts pause for 60 s (``use_scripts=False`` turns them off).
+  ``CLUSTERDOWN``/``TRYAGAIN`` are outages, not script trouble: they fail the call like a refused
+  connection.
 
 Faults never leave this module: every round trip runs under a deadline (``timeout_s`` plus
 ``timeout_per_key_s`` per key for reads, so a bulk read is not cut off at a single-node budget;
@@ -139,13 +147,10 @@ class RedisFeatureLevel:
     ) -> None:
         self._client = client
         self.cluster = isinstance(client, RedisCluster)
-        # Standalone reads skip redis-py (runners/feature/cache/resp.py: MGET of 140 rows P99 781 -> 299 us).
+        # Standalone reads skip redis-py (runners/feature/cache/resp.py says why;
+        # bench/bench_cache.py times both, "L2 MGET").
         self._reads = None if self.cluster else RespConnection.like(client)
-        self.snapshot_version = snapshot_version
-        prefix = row_key_prefix(snapshot_version)
-        self._key_format = prefix.replace(b"%", b"%%") + b"%d"
-        # "$<key length>\r\n<prefix>" per digit count of an id (mget_command)
-        self._bulk_heads = [f"${len(prefix) + d}\r\n{prefix.decode()}" for d in range(21)]
+        self.use_snapshot(snapshot_version)
         self.dim = dim
         self.row_bytes = dim * WIRE_DTYPE.itemsize
         self._ttl_ms = int(ttl_s * 1000) if ttl_s > 0 else None  # None: no expiry
@@ -162,7 +167,7 @@ class RedisFeatureLevel:
         self._writes: set[asyncio.Task[None]] = set()
         self.write_delay_s = write_delay_s
         self.write_batch_rows = write_batch_rows
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # coalesced rows not yet sent
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # coalesced (ids, rows, versions)
         self._pending_rows = 0
         self._pending_timer: asyncio.TimerHandle | None = None
         self.hits = 0
@@ -203,7 +208,8 @@ class RedisFeatureLevel:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    async def get(self, ids: np.ndarray, versions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``versions``: each id's feature version (None: all 0)."""
         ids = as_ids(ids)
         n = ids.size
         if n == 0:
@@ -214,7 +220,7 @@ class RedisFeatureLevel:
             return all_missed(n, self.dim)
         try:
             async with asyncio.timeout(self.read_deadline_s(n)):
-                values = await self._read(ids)
+                values = await self._read(self._names(ids, versions))
         except asyncio.CancelledError:
             self.breaker.release_probe()  # a cancelled probe must not wedge the circuit half-open
             raise
@@ -228,17 +234,20 @@ class RedisFeatureLevel:
     def read_deadline_s(self, n_keys: int) -> float:
         return self.timeout_s + n_keys * self.timeout_per_key_s
 
-    async def _read(self, ids: np.ndarray) -> list[bytes | None]:
+    async def _read(self, names: list[str]) -> list[bytes | None]:
         if self._reads is not None:
-            return await self._reads.execute(self.mget_command(ids))
-        return await self._mget(self._keys(ids))
+            return await self._reads.execute(self.mget_command(names))
+        return await self._mget(self._keys(names))
 
-    def mget_command(self, ids: np.ndarray) -> bytes:
-        """``pack_command(b"MGET", *self._keys(ids))``, built as one string (5x faster: 124 ->
-        ~25 us for 140 ids): a bulk string's header depends only on the id's digit count."""
+    def mget_command(self, names: list[str] | np.ndarray) -> bytes:
+        """``pack_command(b"MGET", *self._keys(ids))``, built as one string, several times faster
+        (a bulk string's header depends only on the id's digit count). No benchmark compares the
+        two: a ``timeit`` of both on one request's ids would."""
+        if isinstance(names, np.ndarray):
+            names = self._names(names)
         heads = self._bulk_heads
-        body = "\r\n".join([heads[len(s)] + s for s in map(str, ids.tolist())])
-        return f"*{ids.size + 1}\r\n$4\r\nMGET\r\n{body}\r\n".encode()
+        body = "\r\n".join([heads[len(s)] + s for s in names])
+        return f"*{len(names) + 1}\r\n$4\r\nMGET\r\n{body}\r\n".encode()
 
     async def _mget(self, keys: list[bytes]) -> list[bytes | None]:
         if not self.cluster:
@@ -312,7 +321,7 @@ class RedisFeatureLevel:
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def put(self, ids: np.ndarray, rows: np.ndarray) -> None:
+    async def put(self, ids: np.ndarray, rows: np.ndarray, versions: np.ndarray | None = None) -> None:
         ids = as_ids(ids)
         n = ids.size
         if n == 0:
@@ -326,7 +335,7 @@ class RedisFeatureLevel:
         rb = self.row_bytes
         try:
             async with asyncio.timeout(self.write_timeout_s):
-                await self._write(self._keys(ids), [view[o : o + rb] for o in range(0, n * rb, rb)])
+                await self._write(self._keys(self._names(ids, versions)), [view[o : o + rb] for o in range(0, n * rb, rb)])
         except asyncio.CancelledError:
             self.breaker.release_probe()
             raise
@@ -366,7 +375,7 @@ class RedisFeatureLevel:
             pipe.set(key, value, px=self._ttl_ms)
         await pipe.execute()
 
-    def put_background(self, ids: np.ndarray, rows: np.ndarray) -> None:
+    def put_background(self, ids: np.ndarray, rows: np.ndarray, versions: np.ndarray | None = None) -> None:
         """Write off the caller's critical path (coalesced when ``write_delay_s`` > 0); dropped
         while the circuit is open or too many writes are in flight.
 
@@ -380,9 +389,9 @@ class RedisFeatureLevel:
             self.writes_dropped += n
             return
         if self.write_delay_s <= 0:
-            self._start_write(ids, rows)
+            self._start_write(ids, rows, versions)
             return
-        self._pending.append((ids, rows))
+        self._pending.append((ids, rows, np.zeros(n, np.int64) if versions is None else versions))
         self._pending_rows += n
         if self._pending_rows >= self.write_batch_rows:
             self._send_pending()
@@ -395,17 +404,18 @@ class RedisFeatureLevel:
             self._pending_timer = None
         if not self._pending:
             return
-        ids = np.concatenate([i for i, _ in self._pending])
-        rows = np.concatenate([r for _, r in self._pending])
+        ids = np.concatenate([i for i, _, _ in self._pending])
+        rows = np.concatenate([r for _, r, _ in self._pending])
+        versions = np.concatenate([v for _, _, v in self._pending])
         self._pending.clear()
         self._pending_rows = 0
-        self._start_write(ids, rows)
+        self._start_write(ids, rows, versions)
 
-    def _start_write(self, ids: np.ndarray, rows: np.ndarray) -> None:
+    def _start_write(self, ids: np.ndarray, rows: np.ndarray, versions: np.ndarray | None = None) -> None:
         if len(self._writes) >= self.max_inflight_writes:
             self.writes_dropped += int(np.size(ids))
             return
-        task = asyncio.get_running_loop().create_task(self.put(ids, rows))
+        task = asyncio.get_running_loop().create_task(self.put(ids, rows, versions))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -450,8 +460,26 @@ class RedisFeatureLevel:
 
     # -- misc ----------------------------------------------------------------------------------
 
-    def _keys(self, ids: np.ndarray) -> list[bytes]:
-        return list(map(self._key_format.__mod__, ids.tolist()))
+    def use_snapshot(self, snapshot_version: str) -> None:
+        """Key rows by ``snapshot_version`` from now on (a FeatureRunner switched snapshots)."""
+        self.snapshot_version = snapshot_version
+        prefix = row_key_prefix(snapshot_version)
+        self._prefix = prefix
+        # "$<key length>\r\n<prefix>" per length of a key name (mget_command)
+        self._bulk_heads = [f"${len(prefix) + d}\r\n{prefix.decode()}" for d in range(41)]
+
+    @staticmethod
+    def _names(ids: np.ndarray, versions: np.ndarray | None = None) -> list[str]:
+        """Each id's key name after the prefix: ``<id>``, or ``<id>.<version>`` once its row changed."""
+        if versions is None or not versions.any():
+            return list(map(str, ids.tolist()))
+        return [f"{i}.{v}" if v else str(i) for i, v in zip(ids.tolist(), versions.tolist())]
+
+    def _keys(self, names: list[str] | np.ndarray) -> list[bytes]:
+        if isinstance(names, np.ndarray):
+            names = self._names(names)
+        prefix = self._prefix
+        return [prefix + s.encode() for s in names]
 
     def stats(self) -> dict[str, int]:
         return {

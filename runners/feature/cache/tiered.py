@@ -10,18 +10,21 @@
 Filling L1 is off the request's path too: the rows found below L1 are queued and inserted by a
 callback on the next event-loop turn, or at the start of the next fetch if that comes first (so
 a caller that fetches again right away still finds them). An insert is the costly half of L1
-(eviction is an O(capacity) partition, once per chunk): measured in the service at c=1, L1's
-P99 with fills inline was 0.37 ms against ~0.1 ms for the lookup alone, on a retrieval whose
-P99 target is 1 ms. Fill time is reported on its own (``fill_seconds``, ``on_fill``).
+(eviction is an O(capacity) partition, once per chunk): in the service at c=1, fills inline made
+L1's P99 several times that of the lookup alone, a large part of a retrieval whose P99 target is
+1 ms (the ``l1`` and ``l1_fill`` stages of ``python -m bench.suite``'s stage breakdown). Fill time
+is reported on its own (``fill_seconds``, ``on_fill``).
 
 A *scan* (``fetch_with_stats(ids, scan=True)``: the builder's bulk batches) reads the origin
-only and writes nothing back: a 256-target batch touches ~7k distinct rows, which would evict
-most of L1 and cost a multi-thousand-key MGET (~25 ms under load vs ~3 ms from the
-memory-mapped snapshot, bench.suite), for rows the latency path mostly never asks for again.
-Nor does it look in L1 first: with L1 warm (10% of the rows) a 7k-id scan took 6.3 ms through L1
-(lookup, then merging the hits and the origin's rows into one array) against 0.55 ms straight
-from the snapshot in page cache (1M graph: 3.3 vs 1.0-1.6 ms). A snapshot that is not in page
-cache pays disk reads there instead; L1 would hide only its ~10% hottest rows of them.
+only and writes nothing back: a bulk batch touches thousands of distinct rows, which would evict
+most of L1 and cost a multi-thousand-key MGET, far slower than a gather from the memory-mapped
+snapshot (``python bench/bench_cache.py --ids <n>``: "L2 MGET" against "origin"), for rows the
+latency path mostly never asks for again. Nor does it look in L1 first: a lookup in a warm L1,
+then merging its hits with the origin's rows into one array, cost more than reading every row
+straight from a snapshot in page cache, on the 100k and the 1M graph alike (``python -m
+bench.suite.ab --variant GSAGE_SCAN_MIN_TARGETS=0`` runs bulk batches through the caches
+instead). A snapshot that is not in page cache pays disk reads there instead; L1 would hide only
+its hottest rows of them.
 
 A level that fails (Redis down) just misses; origin always answers, so ``fetch`` raises only for
 ids outside ``[0, num_nodes)``. Each call reports its stage timings and per-level hit counts as
@@ -39,6 +42,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +82,8 @@ class TieredFeatureStore:
         self._fill_scheduled = False
         self.fill_seconds = 0.0
         self.on_fill: Callable[[float], None] | None = None  # called with each drain's seconds
+        # Each id's feature version (a live graph's; None: rows never change): L2 keys carry it.
+        self.versions_of: Callable[[np.ndarray], np.ndarray | None] | None = None
 
     @property
     def dim(self) -> int:
@@ -109,8 +115,9 @@ class TieredFeatureStore:
 
         l2_hits = 0
         asked_l2 = bool(miss.size) and self.l2 is not None
+        versions = self.versions_of(ids) if self.versions_of is not None and self.l2 is not None else None
         if asked_l2:
-            found, rows = await self.l2.get(ids[miss])
+            found, rows = await self.l2.get(ids[miss], None if versions is None else versions[miss])
             if rows.shape[0]:
                 hit = miss[found]
                 out[hit] = rows
@@ -126,7 +133,7 @@ class TieredFeatureStore:
             out[miss] = rows
             self._queue_fill(cold, rows)
             if self.l2 is not None:
-                self.l2.put_background(cold, rows)
+                self.l2.put_background(cold, rows, None if versions is None else versions[miss])
         t3 = time.perf_counter()
 
         stats = FetchStats(
@@ -168,6 +175,21 @@ class TieredFeatureStore:
         self.last_stats = stats
         return rows, stats
 
+    def rebind(self, graph: Any) -> None:
+        """Serve ``graph`` (a live graph, e.g. the one a compaction made): its rows at the origin,
+        its feature versions and its snapshot's keys in L2. L1 stays: it holds current rows by
+        id, and a compaction changes no row."""
+        self.origin = OriginLevel(graph.base.features, rows=graph.rows, num_nodes=graph.capacity)
+        self.versions_of = graph.feature_versions
+        if self.l2 is not None and self.l2.snapshot_version != graph.base.tag and graph.base.tag:
+            self.l2.use_snapshot(graph.base.tag)
+
+    def invalidate(self, ids: np.ndarray) -> None:
+        """Rows of ``ids`` changed: L1 forgets them (after the fills queued before the change, so
+        that none of those puts an old row back). L2 needs nothing: its keys carry the version."""
+        self._drain_fills()
+        self.l1.invalidate(ids)
+
     async def warm(self, ids: np.ndarray, batch_size: int = WARM_BATCH) -> int:
         """Preload ``ids`` (hottest first) into L2 and, as far as it holds them, L1.
 
@@ -203,10 +225,12 @@ class TieredFeatureStore:
 
 
 def build_feature_store(
-    settings: Settings, features: np.ndarray, snapshot_version: str
+    settings: Settings, features: np.ndarray, snapshot_version: str, graph: Any = None
 ) -> TieredFeatureStore:
-    """L1 + origin always; L2 only when ``settings.redis_url`` is set."""
-    origin = OriginLevel(features)
+    """L1 + origin always; L2 only when ``settings.redis_url`` is set. ``graph``: a live graph
+    (``runners.feature.graph.LiveGraph``), whose rows and ids the levels then serve."""
+    origin = (OriginLevel(features) if graph is None
+              else OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity))
     l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim, num_ids=origin.num_nodes,
                  admit_min_uses=settings.l1_admit_min_uses)
     l2 = None
@@ -224,4 +248,7 @@ def build_feature_store(
             retry_backoff_s=settings.l2_retry_backoff_s,
             ca_file=settings.redis_ca_file,
         )
-    return TieredFeatureStore(l1, l2, origin)
+    store = TieredFeatureStore(l1, l2, origin)
+    if graph is not None:
+        store.rebind(graph)
+    return store

@@ -1,0 +1,338 @@
+"""A FeatureRunner worker's live graph, kept current from the update log (no BentoML here).
+
+- **Write path** (``submit``): under the log's writer lock, catch up to the log's head, validate
+  the batch against the graph as it is then (``LiveGraph.validate``), append it with a
+  compare-and-append (another writer in between: catch up and retry), apply it here, answer its
+  sequence. A batch is acknowledged only once the log holds it durably; a batch that does not
+  validate is refused whole, and the log never holds it.
+- **Read path**: every worker tails the log (``run``) and applies new entries in order within
+  ``poll_interval_s``. ``lock`` keeps a batch of predictions and a batch of updates apart, so a
+  prediction sees an update entirely or not at all; after an update changed rows, L1 forgets
+  them (L2 keys carry each row's version).
+- **Read-your-writes** (``wait_for``): a prediction that names a ``min_sequence`` waits until
+  this worker applied it, at most ``min_sequence_wait_s``.
+- **Compaction**: ``compact`` folds the log into a new ``graph-snapshot:<v>`` (``log_sequence``
+  recorded) and appends a ``_snapshot`` entry; each worker, when it reaches that entry, maps the
+  new snapshot, replays the entries after its sequence and swaps the graph under the lock,
+  between two batches: no request fails, and none changes its answer (the lists keep their
+  order, the rows their values).
+- **Status**: each worker publishes its applied sequence, lag and overlay size in the log
+  (``GET /graph/status``); entries that every live worker's snapshot already holds are trimmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from runners.feature.graph import BatchRejected, LiveGraph
+from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
+from runners.feature.update_log import LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog
+
+log = logging.getLogger("graphsage.graph")
+
+SNAPSHOT_OP = "_snapshot"  # internal entry: switch to a compacted snapshot (never a client's op)
+READ_BATCH = 500
+STATUS_INTERVAL_S = 1.0
+
+
+class TooManyOps(ValueError):
+    """A batch with more ops than ``graph_max_ops`` (HTTP 413)."""
+
+
+class LogBehind(RuntimeError):
+    """The update log's head is behind the snapshot's sequence: the snapshot was folded from
+    another log (or the log was lost); serving would silently skip or repeat updates."""
+
+
+class NotApplied(Exception):
+    """``min_sequence`` not applied by this worker within the wait (HTTP 503 with Retry-After)."""
+
+
+@dataclasses.dataclass
+class Observer:
+    """Metrics hooks (the service wires Prometheus; tests leave them out)."""
+
+    applied: Callable[[str, int], None] = lambda op, n: None
+    staleness: Callable[[float], None] = lambda seconds: None
+    state: Callable[[dict[str, Any]], None] = lambda status: None
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class GraphKeeper:
+    def __init__(self, graph: LiveGraph, log_: UpdateLog, *, on_swap: Callable[[LiveGraph], None] = lambda g: None,
+                 on_rows_changed: Callable[[np.ndarray], None] = lambda ids: None, poll_interval_s: float = 0.02,
+                 max_ops: int = 10_000, capacity: int = 0, worker: str | None = None,
+                 observer: Observer | None = None) -> None:
+        """``on_swap``: the builder and the feature store start serving a new graph (compaction);
+        ``on_rows_changed``: rows of these ids changed (the caches forget them). Both are called
+        under ``lock``."""
+        self.graph = graph
+        self.log = log_
+        self.lock = asyncio.Lock()
+        self._on_swap = on_swap
+        self._on_rows_changed = on_rows_changed
+        self.poll_interval_s = poll_interval_s
+        self.max_ops = max_ops
+        self.capacity = capacity
+        self.worker = worker or worker_name()
+        self.observer = observer or Observer()
+        self.head = graph.sequence  # the log's head as last seen
+        self._applying = asyncio.Lock()  # one coroutine reads and applies the log at a time
+        self._applied_event = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._next_status = 0.0
+        self.last_compaction: dict[str, Any] | None = None
+        self.failed: str | None = None  # why this worker stopped applying (it then refuses reads)
+
+    # -- the tail ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Catch up with the log (restart: snapshot + the entries after it), then tail it."""
+        await self._check_head()
+        await self.catch_up()
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.catch_up()
+                await self._publish_status()
+                if not self._wake.is_set():
+                    await self.log.wait(self.graph.sequence, self.poll_interval_s)
+                self._wake.clear()
+            except asyncio.CancelledError:
+                raise
+            except LogUnavailable as exc:
+                log.warning("update log unavailable (%s); serving the graph as applied (sequence %d)",
+                            exc, self.graph.sequence)
+                await asyncio.sleep(max(self.poll_interval_s, 0.5))
+            except Exception as exc:  # noqa: BLE001 - a bug or a corrupt entry: stop applying, say so
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.exception("applying the update log failed at sequence %d; this worker stops applying",
+                              self.graph.sequence + 1)
+                return
+
+    async def _check_head(self) -> int:
+        head = await self.log.head()
+        if head < self.graph.sequence:
+            raise LogBehind(f"the update log's head ({head}) is behind {self.graph.base.tag}, which holds the updates "
+                            f"up to {self.graph.sequence}: it was folded from another update log (or this one was "
+                            "lost); serve a snapshot of this log, or point GSAGE_GRAPH_LOG* at the log it came from")
+        return head
+
+    async def catch_up(self) -> int:
+        """Apply every entry after the graph's sequence; returns how many."""
+        async with self._applying:
+            return await self._catch_up()
+
+    async def _catch_up(self) -> int:
+        applied = 0
+        while True:
+            try:
+                entries = await self.log.read(self.graph.sequence, READ_BATCH)
+            except LogTrimmed as exc:
+                raise RuntimeError(f"the update log no longer holds the entries after {self.graph.sequence} "
+                                   f"({self.graph.base.tag}): serve a newer snapshot (GSAGE_SNAPSHOT_TAG)") from exc
+            if not entries:
+                return applied
+            for entry in entries:
+                await self._apply(entry)
+                applied += 1
+
+    async def _apply(self, entry: LogEntry) -> None:
+        if entry.sequence != self.graph.sequence + 1:
+            return  # applied already (by the write path, or an earlier read)
+        if entry.ops and entry.ops[0].get("op") == SNAPSHOT_OP:
+            await self._switch(entry)
+            return
+        async with self.lock:
+            if entry.sequence != self.graph.sequence + 1:
+                return
+            self.graph.validate(entry.ops)  # the log holds only valid batches; a failure is a bug
+            changed = self.graph.apply(entry.ops, entry.sequence)
+            if changed:
+                self._on_rows_changed(np.fromiter(changed, np.int64, len(changed)))
+        for op, n in Counter(op["op"] for op in entry.ops).items():
+            self.observer.applied(op, n)
+        self.observer.staleness(max(0.0, time.time() - entry.acked_at))
+        self._applied(entry)
+
+    def _applied(self, entry: LogEntry) -> None:
+        self.head = max(self.head, entry.sequence)
+        self._applied_event.set()  # wakes the predictions waiting for a sequence
+        self._applied_event = asyncio.Event()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    async def submit(self, ops: list[dict]) -> LogEntry:
+        """Validate, append (durably), apply; raises ``BatchRejected`` (nothing appended),
+        ``TooManyOps``, ``LogUnavailable`` (nothing acknowledged)."""
+        if len(ops) > self.max_ops:
+            raise TooManyOps(f"{len(ops)} ops in one batch; at most {self.max_ops} (GSAGE_GRAPH_MAX_OPS)")
+        if not ops:
+            raise BatchRejected(0, "-", "ops", "a batch needs at least one op")
+        for i, op in enumerate(ops):
+            if isinstance(op, dict) and op.get("op") == SNAPSHOT_OP:
+                raise BatchRejected(i, SNAPSHOT_OP, "op", "is not an update op")
+        async with self.log.writer_lock(), self._applying:
+            while True:
+                await self._catch_up()
+                self.graph.validate(ops)
+                try:
+                    entry = await self.log.append(ops, expected_head=self.graph.sequence)
+                except SequenceConflict:
+                    await self._check_head()  # a log behind the graph would conflict forever
+                    continue  # a writer elsewhere appended first: catch up, validate again
+                await self._apply(entry)
+                return entry
+
+    # -- read-your-writes ----------------------------------------------------------------------
+
+    async def wait_for(self, sequence: int, timeout_s: float) -> None:
+        """Return once this worker applied ``sequence``; ``NotApplied`` after ``timeout_s``."""
+        if sequence <= self.graph.sequence:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._wake.set()  # look at the log now rather than at the next poll
+        while self.graph.sequence < sequence:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise NotApplied(f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); "
+                                 "retry shortly")
+            event = self._applied_event
+            try:
+                await asyncio.wait_for(asyncio.shield(event.wait()), min(left, self.poll_interval_s))
+            except TimeoutError:
+                if not self._applying.locked():
+                    await self.catch_up()
+
+    # -- compaction ----------------------------------------------------------------------------
+
+    async def _switch(self, entry: LogEntry) -> None:
+        """Serve the compacted snapshot the entry names, with the entries between the snapshot's
+        sequence and this one replayed (they were applied to the graph it replaces)."""
+        op = entry.ops[0]
+        started = time.perf_counter()
+        snapshot = await asyncio.to_thread(load_snapshot, op["tag"])
+        fresh = await replay(snapshot, self.log, entry.sequence - 1, self.capacity or self.graph.capacity)
+        if fresh.sequence != entry.sequence - 1:
+            raise RuntimeError(f"the log ended at {fresh.sequence} while replaying it onto {op['tag']} "
+                               f"(expected {entry.sequence - 1})")
+        async with self.lock:
+            fresh.sequence = entry.sequence
+            self.graph = fresh
+            self._on_swap(fresh)
+        self._applied(entry)
+        log.info("serving %s (log sequence %d) after %d replayed updates, switched in %.2f s", op["tag"],
+                 snapshot.log_sequence, entry.sequence - 1 - snapshot.log_sequence, time.perf_counter() - started)
+
+    async def compact(self, upto: int | None = None) -> dict[str, Any]:
+        """Fold the log into a new snapshot and tell every worker to serve it (``_snapshot``)."""
+        result = await compact(self.graph.base.tag, self.log, upto, self.capacity or self.graph.capacity)
+        self.last_compaction = result
+        return result
+
+    # -- status --------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        stats = self.graph.stats()
+        return {"applied": self.graph.sequence, "head_seen": self.head, "lag_entries": max(0, self.head - self.graph.sequence),
+                "snapshot": self.graph.base.tag, "snapshot_sequence": self.graph.base.log_sequence,
+                "overlay": dataclasses.asdict(stats), "capacity": self.graph.capacity,
+                "failed": self.failed}
+
+    async def _publish_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_status:
+            return
+        self._next_status = now + STATUS_INTERVAL_S
+        self.head = max(self.head, await self.log.head())
+        status = self.status()
+        self.observer.state(status)
+        await self.log.publish_status(self.worker, status)
+        await self._trim()
+
+    async def _trim(self) -> None:
+        """Entries every live worker's snapshot holds are no longer needed by anyone."""
+        statuses = await self.log.statuses()
+        if not statuses:
+            return
+        safe = min(int(s.get("snapshot_sequence", 0)) for s in statuses.values())
+        if safe > 0:
+            removed = await self.log.trim(safe)
+            if removed:
+                log.info("trimmed %d update log entries up to %d (folded into every worker's snapshot)", removed, safe)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+
+
+async def replay(snapshot: GraphSnapshot, log_: UpdateLog, upto: int | None = None, capacity: int = 0) -> LiveGraph:
+    """``snapshot`` with the log's entries after its sequence (up to ``upto``, default the head)
+    applied: the current graph, in memory (a compaction, a switch, training on the living graph).
+    The entries are applied in a thread, a chunk at a time, so a worker keeps serving meanwhile."""
+    graph = LiveGraph(snapshot, capacity)
+    limit = await log_.head() if upto is None else upto
+    while graph.sequence < limit:
+        entries = [e for e in await log_.read(graph.sequence, READ_BATCH) if e.sequence <= limit]
+        if not entries:
+            break
+        await asyncio.to_thread(_apply_all, graph, entries)
+    return graph
+
+
+def _apply_all(graph: LiveGraph, entries: list[LogEntry]) -> None:
+    for entry in entries:
+        if entry.ops and entry.ops[0].get("op") == SNAPSHOT_OP:
+            graph.sequence = entry.sequence  # an earlier compaction: nothing to apply
+        else:
+            graph.apply(entry.ops, entry.sequence)
+
+
+async def compact(snapshot_tag: str, log_: UpdateLog, upto: int | None = None, capacity: int = 0,
+                  announce: bool = True) -> dict[str, Any]:
+    """Build ``graph-snapshot:<v>`` from ``snapshot_tag`` + the log (up to ``upto``, default
+    its head), recording the sequence it holds; with ``announce``, append the ``_snapshot`` entry
+    that makes every FeatureRunner worker switch to it."""
+    started = time.perf_counter()
+    base = await asyncio.to_thread(load_snapshot, snapshot_tag)
+    graph = await replay(base, log_, upto, capacity)
+    folded = graph.sequence
+    snapshot = await asyncio.to_thread(graph.materialize)
+    seconds = time.perf_counter() - started
+    snapshot.extra = {**snapshot.extra, "compacted_from": base.tag, "compaction_seconds": round(seconds, 3)}
+    tag = await asyncio.to_thread(save_snapshot, snapshot, {"compacted_from": base.tag.split(":")[-1]})
+    result = {"snapshot": tag, "compacted_from": base.tag, "log_sequence": folded,
+              "updates_folded": folded - base.log_sequence, "seconds": round(time.perf_counter() - started, 3),
+              "num_nodes": snapshot.num_nodes, "num_edges": snapshot.num_edges}
+    if announce:
+        while True:
+            head = await log_.head()
+            try:
+                entry = await log_.append([{"op": SNAPSHOT_OP, "tag": tag, "sequence": folded}], expected_head=head)
+                break
+            except SequenceConflict:
+                continue
+        result["announced_at"] = entry.sequence
+    log.info("compacted %s + %d updates into %s in %.2f s", base.tag, result["updates_folded"], tag, result["seconds"])
+    return result
