@@ -1,21 +1,26 @@
 """Command line: ``python -m training_export <step>``.
 
 Steps: ``generate`` (synthetic snapshot -> store), ``import`` (your graph -> store),
-``train`` (train + export + verify + save a model for a stored snapshot), ``parity`` (all three
-aggregators, PyG vs dense torch vs ONNX Runtime), and ``demo``, which runs them end to end:
-nothing -> ``graph-snapshot:<v>`` + ``graphsage:<v>`` ready to serve.
+``train`` (train + export + verify + save a model for a stored snapshot; ``--live``: for the
+living graph, the snapshot with the update log applied), ``compact`` (fold the update log into a
+new snapshot the FeatureRunners switch to), ``parity`` (all three aggregators, PyG vs dense torch
+vs ONNX Runtime), and ``demo``, which runs them end to end: nothing -> ``graph-snapshot:<v>`` +
+``graphsage:<v>`` ready to serve.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from typing import Any
 
-from runners.graphsage.model_config import AGGREGATORS, ModelConfig
+import numpy as np
+
 from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
 from training_export import importer
 from training_export.synthetic import SyntheticGraphSpec, generate
 
@@ -81,8 +86,59 @@ def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[st
             "metrics": metrics, "parity": parity, "passed": parity["passed"]}
 
 
+def _update_log() -> Any:
+    """The update log the services use (the same GSAGE_GRAPH_LOG* and GSAGE_REDIS_URL settings)."""
+    from common.settings import load_settings
+    from runners.feature.update_log import update_log_from
+
+    cfg = load_settings()
+    return update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.redis_url, cfg.redis_ca_file, cfg.graph_log_key), cfg
+
+
+def live_snapshot(tag: str) -> GraphSnapshot:
+    """The living graph: ``tag`` with every update of the log after it applied, in memory; nodes
+    added with a label join the training split."""
+    from runners.feature.live import replay
+
+    log_, cfg = _update_log()
+
+    async def build() -> Any:
+        try:
+            return await replay(load_snapshot(tag), log_, capacity=cfg.graph_capacity)
+        finally:
+            await log_.close()
+
+    graph = asyncio.run(build())
+    snapshot = graph.materialize()
+    added = [v for v, label in graph.labels.items() if v >= graph.base.num_nodes and graph.present[v]]
+    snapshot.train = np.concatenate([snapshot.train, np.asarray(sorted(added), dtype=snapshot.train.dtype)])
+    snapshot.tag = f"{graph.base.tag}+{graph.sequence - graph.base.log_sequence} updates (log sequence {graph.sequence})"
+    _log(f"living graph: {graph.base.tag} + the update log up to {graph.sequence}: {snapshot.num_nodes:,} nodes, "
+         f"{snapshot.num_edges:,} edges, {len(added)} new labelled nodes in the training split")
+    return snapshot
+
+
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
-    return train_and_save(load_snapshot(args.snapshot), args)
+    snapshot = live_snapshot(args.snapshot) if args.live else load_snapshot(args.snapshot)
+    return train_and_save(snapshot, args)
+
+
+def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
+    """Fold the update log into a new graph snapshot (and announce it to the FeatureRunners)."""
+    from runners.feature.live import compact
+
+    log_, cfg = _update_log()
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await compact(args.snapshot, log_, args.upto, cfg.graph_capacity, announce=not args.no_announce)
+        finally:
+            await log_.close()
+
+    _log(f"compacting {args.snapshot} + the update log ({cfg.graph_log_kind}) up to {args.upto or 'its head'}")
+    result = asyncio.run(run())
+    _log(f"  {result['snapshot']}: {result['updates_folded']} updates folded in {result['seconds']} s")
+    return result
 
 
 def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
@@ -138,8 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=importer.run)
     p = sub.add_parser("train", help="train, export, verify and store a model for a stored snapshot")
     p.add_argument("--snapshot", default="graph-snapshot:latest")
+    p.add_argument("--live", action="store_true",
+                   help="train on the living graph: the snapshot with the update log applied (GSAGE_GRAPH_LOG*)")
     _train_args(p)
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("compact", help="fold the update log into a new graph snapshot the FeatureRunners switch to")
+    p.add_argument("--snapshot", default="graph-snapshot:latest", help="the snapshot the updates apply to")
+    p.add_argument("--upto", type=int, default=None, help="the last update to fold in (default: the log's head)")
+    p.add_argument("--no-announce", action="store_true", help="save the snapshot only; the FeatureRunners keep theirs")
+    p.set_defaults(func=cmd_compact)
     p = sub.add_parser("parity", help="parity of all aggregators: PyG vs dense torch vs ONNX Runtime")
     p.add_argument("--snapshot", default=None, help="stored snapshot tag; default: a small generated graph")
     p.add_argument("--targets", type=int, default=256)
