@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.suite.workload import Uniform, Zipf  # noqa: E402
+from harness.workload import Uniform, Zipf  # noqa: E402
 from runners.feature.cache.tiered import build_feature_store  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from common.feature_tensor import compact, encode, padded_nbytes  # noqa: E402

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.suite.workload import time_calls  # noqa: E402
+from harness.workload import time_calls  # noqa: E402
 
 import torch  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from bench.suite.workload import Zipf  # noqa: E402
+from harness.workload import Zipf  # noqa: E402
 from runners.feature.cache.tiered import build_feature_store  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from common.feature_tensor import decode, encode  # noqa: E402

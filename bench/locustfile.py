@@ -18,51 +18,34 @@ so ``-u N`` is the suite's concurrency N):
 Environment: ``GSAGE_BENCH_NODES`` (graph size, default 100000), ``GSAGE_BENCH_SEED``,
 ``GSAGE_BENCH_RATE_PER_USER`` (default 5). Degraded answers (feature runner unavailable) are
 reported as failures, like errors. Locust's own client (requests/gevent) costs far more CPU per
-request than the suite's aiohttp loop; on a 2-core machine prefer ``bench.suite.loadgen`` for
+request than the suite's aiohttp loop; on a 2-core machine prefer ``harness.load`` (the load loop
+of the tests and the suite) for
 numbers, and use this file for exploration and for load from other machines.
 """
 
 from __future__ import annotations
 
 import os
-import random
+import sys
 
 from locust import HttpUser, constant, constant_throughput, task
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness.workload import make_dist  # noqa: E402
 
 NUM_NODES = int(os.environ.get("GSAGE_BENCH_NODES", "100000"))
 SEED = int(os.environ.get("GSAGE_BENCH_SEED", "0"))
 RATE_PER_USER = float(os.environ.get("GSAGE_BENCH_RATE_PER_USER", "5"))
 
 
-class _Zipf:
-    """P(rank r) ~ 1/r over a random permutation of the ids (as bench/suite/workload.py), without numpy."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        rng = random.Random(seed)
-        self.perm = list(range(n))
-        rng.shuffle(self.perm)
-        acc, self.cdf = 0.0, []
-        for r in range(1, n + 1):
-            acc += 1.0 / r
-            self.cdf.append(acc)
-        self.total = acc
-        self.rng = random.Random(seed + 1)
-
-    def draw(self, k: int) -> list[int]:
-        import bisect
-
-        return [self.perm[min(bisect.bisect_right(self.cdf, self.rng.random() * self.total), len(self.perm) - 1)]
-                for _ in range(k)]
+_DISTS: dict[str, object] = {}
 
 
-_ZIPF: _Zipf | None = None
-
-
-def zipf(k: int) -> list[int]:
-    global _ZIPF
-    if _ZIPF is None:
-        _ZIPF = _Zipf(NUM_NODES, SEED)
-    return _ZIPF.draw(k)
+def draw(kind: str, k: int) -> list[int]:
+    """``k`` target ids from the suite's distributions (``harness.workload``), one per kind."""
+    if kind not in _DISTS:
+        _DISTS[kind] = make_dist(kind, NUM_NODES, SEED)
+    return _DISTS[kind].draw(k).tolist()
 
 
 class _Predict(HttpUser):
@@ -72,9 +55,7 @@ class _Predict(HttpUser):
     uniform = False
 
     def ids(self) -> list[int]:
-        if self.uniform:
-            return [random.randrange(NUM_NODES) for _ in range(self.nodes)]
-        return zipf(self.nodes)
+        return draw("uniform" if self.uniform else "zipf", self.nodes)
 
     @task
     def predict(self) -> None:

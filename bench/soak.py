@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import tempfile
-import time
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,6 +23,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.app import SplitApp, build_demo_store  # noqa: E402
+from harness.load import LoadResult, Outcomes, answer_outcome, open_loop  # noqa: E402
 from harness.redis_servers import RedisServer  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "soak.json"
@@ -36,38 +37,17 @@ def rss_by_service(app: SplitApp) -> dict[str, float]:
     return out
 
 
-async def open_loop(url: str, rate: float, seconds: float, window_s: float, on_window) -> Counter:
-    """Requests at a fixed arrival rate (not waiting for answers); a summary every window."""
-    outcomes: Counter = Counter()
-    latencies: list[float] = []
-    rng = np.random.default_rng(0)
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=256)) as client:
-        async def one(node: int) -> None:
-            t = time.perf_counter()
-            try:
-                r = await client.post(url, json={"node_ids": [node]})
-                outcomes[r.status_code if r.status_code != 200 or not r.json()["degraded"] else "degraded"] += 1
-                latencies.append(time.perf_counter() - t)
-            except httpx.HTTPError as exc:
-                outcomes[type(exc).__name__] += 1
-
-        started = time.perf_counter()
-        next_window, tasks, n = started + window_s, set(), 0
-        while (now := time.perf_counter()) < started + seconds:
-            due = started + n / rate
-            if due > now:
-                await asyncio.sleep(due - now)
-            task = asyncio.create_task(one(int(rng.zipf(1.5)) % 4000))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            n += 1
-            if time.perf_counter() >= next_window:
-                on_window(latencies, outcomes)
-                latencies = []
-                next_window += window_s
-        await asyncio.gather(*tasks)
-        on_window(latencies, outcomes)
-    return outcomes
+async def soak(url: str, rate: float, seconds: float, window_s: float, on_window: Callable[[LoadResult], None]) -> Outcomes:
+    """Zipf single-node requests at a fixed arrival rate (``harness.load.open_loop``), one window
+    after another; ``on_window`` gets each window's result. Returns the outcomes of all."""
+    bodies = [json.dumps({"node_ids": [int(v) % 4000]}).encode() for v in np.random.default_rng(0).zipf(1.5, 20_000)]
+    total = Outcomes()
+    for window in range(max(1, math.ceil(seconds / window_s))):
+        result = await open_loop(url, bodies, rate, min(window_s, seconds - window * window_s), seed=window,
+                                 classify=answer_outcome)
+        total.update(result.outcomes or {})
+        on_window(result)
+    return total
 
 
 def main() -> int:
@@ -87,24 +67,28 @@ def main() -> int:
         httpx.post(app.gateway.url + "/predict", json={"node_ids": [1]}, timeout=10)
         first_rss = rss_by_service(app)
 
-        def on_window(lat: list[float], outcomes: Counter) -> None:
-            row = {"t_s": round(len(windows) * args.window + args.window, 1), "requests": len(lat),
-                   "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 2) if lat else None,
-                   "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 2) if lat else None,
-                   "errors_so_far": sum(v for k, v in outcomes.items() if k != 200),
-                   "rss_mib": {k: round(v, 1) for k, v in rss_by_service(app).items()}}
+        errors = 0
+
+        def on_window(result: LoadResult) -> None:
+            nonlocal errors
+            summary = result.summary()
+            errors += summary["error_count"]
+            row = {"t_s": round(len(windows) * args.window + args.window, 1), "requests": summary["sent"],
+                   "p50_ms": round(summary["p50_ms"], 2) if "p50_ms" in summary else None,
+                   "p99_ms": round(summary["p99_ms"], 2) if "p99_ms" in summary else None,
+                   "errors_so_far": errors, "rss_mib": {k: round(v, 1) for k, v in rss_by_service(app).items()}}
             windows.append(row)
             print(json.dumps(row), flush=True)
 
-        outcomes = asyncio.run(open_loop(app.gateway.url + "/predict", args.rate, args.minutes * 60, args.window, on_window))
+        outcomes = asyncio.run(soak(app.gateway.url + "/predict", args.rate, args.minutes * 60, args.window, on_window))
         last_rss = rss_by_service(app)
     finally:
         app.stop()
         redis.stop()
     p99 = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
     summary = {
-        "minutes": args.minutes, "rate_per_s": args.rate, "outcomes": {str(k): v for k, v in outcomes.items()},
-        "errors": sum(v for k, v in outcomes.items() if k != 200),
+        "minutes": args.minutes, "rate_per_s": args.rate, "outcomes": dict(outcomes),
+        "errors": sum(v for k, v in outcomes.items() if not k.startswith("graphsage:")),
         "p99_first_window_ms": p99[0] if p99 else None, "p99_last_window_ms": p99[-1] if p99 else None,
         "memory_growth_pct": {k: round((last_rss[k] / first_rss[k] - 1) * 100, 1) for k in first_rss},
         # After the first window the caches (L1 up to GSAGE_L1_BYTES) are warm: growth from there is drift.

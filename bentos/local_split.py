@@ -46,6 +46,7 @@ import yaml
 
 from common.bento.launch import START_HTTP_SERVER
 from common.service_auth import TOKENS_ENV, ensure_shared_token
+from harness.processes import stop_process_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "split.json"
@@ -123,23 +124,6 @@ def _alive(p: Proc) -> psutil.Process | None:
         return proc
     except psutil.NoSuchProcess:
         return None
-
-
-def stop_process_tree(root: psutil.Process, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
-    """Signal a BentoML arbiter and every worker (workers run in sessions of their own, so a
-    process-group kill leaves them serving), then SIGKILL what is left."""
-    try:
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = [root]
-    for proc in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.send_signal(sig)
-    _, alive = psutil.wait_procs(tree, timeout=timeout_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5)
 
 
 def stop_proc(p: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from bench.suite.loadgen import LoadResult
+from harness.load import LoadResult
 
 
 def _window(lat_ms, errors=None, elapsed=1.0):
@@ -115,7 +115,7 @@ def test_concurrent_callers_count_every_call_over_the_wall_time(monkeypatch):
 
 
 def test_idle_gap_precedes_each_timed_call_and_is_not_timed(monkeypatch):
-    from bench.suite import workload
+    from harness import workload
 
     now = [0.0]  # a fake clock: the sleep and the call are what move it
     idle, call = 2.0 ** -6, 2.0 ** -10
@@ -176,7 +176,7 @@ def test_closed_loop_warm_up_opens_every_connection_before_timing():
 
     from aiohttp import web
 
-    from bench.suite import loadgen
+    from harness import load as loadgen
 
     peers: list[int] = []  # client port per answered request, in order: the 8 warm-up ones first
     arrived = 0

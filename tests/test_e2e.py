@@ -18,7 +18,7 @@ from common import predict_request
 from common import wire
 from common.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from harness.app import SplitApp, closed_loop, free_port
+from harness.app import SplitApp, answers_under_load, free_port
 from tests.conftest import bentoml_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -318,7 +318,7 @@ def test_a_503_keeps_its_reason_and_retry_after_over_http(app, env, direct_and_d
 
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
-    out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 6.0, 32,
+    out = asyncio.run(answers_under_load(app.gateway.url + "/predict", auth(env), 6.0, 32,
                             lambda w, n: {"node_ids": [(w * 997 + n) % 4000]}))
     total = sum(out.values())
     assert out[env["v1"]] == total and total > 150, out
@@ -331,7 +331,7 @@ def test_bulk_requests_merge_past_the_client_limit(app, env):
     from bench.suite import promtext
 
     before = promtext.scrape(app.feature.url)
-    out = asyncio.run(closed_loop(app.gateway.url + "/predict", auth(env), 3.0, 16,
+    out = asyncio.run(answers_under_load(app.gateway.url + "/predict", auth(env), 3.0, 16,
                                   lambda w, n: {"node_ids": [(w * 131 + n * 7 + i) % 4000 for i in range(512)]}))
     assert set(out) == {env["v1"]} and sum(out.values()) > 16, out
     batches = promtext.diff(before, promtext.scrape(app.feature.url), "feature_batch_targets")
@@ -354,9 +354,9 @@ def test_canary_weights_and_stickiness(app, env):
     assert pinned.json()["model"] == env["v2"]
 
 
-def test_promote_and_rollback_underclosed_loop(app, env):
+def test_promote_and_rollback_under_load(app, env):
     async def scenario() -> Counter:
-        load = asyncio.create_task(closed_loop(app.gateway.url + "/predict", auth(env), 7.0, 16,
+        load = asyncio.create_task(answers_under_load(app.gateway.url + "/predict", auth(env), 7.0, 16,
                                          lambda w, n: {"node_ids": [(w * 31 + n) % 4000]}))
         await asyncio.sleep(1.5)
         assert (await asyncio.to_thread(admin, app, env, {"action": "promote", "version": env["v2"]})).status_code == 200

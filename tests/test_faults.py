@@ -13,7 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from harness.app import Outcomes, SplitApp, closed_loop
+from harness.app import SplitApp, answers_under_load
+from harness.load import Outcomes
 from harness.redis_servers import RedisCluster3, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,7 +65,7 @@ def l2_hits(app: SplitApp) -> float:
 
 
 async def _with_fault(app: SplitApp, seconds: float, concurrency: int, fault) -> Outcomes:
-    load = asyncio.create_task(closed_loop(app.gateway.url + "/predict", {}, seconds, concurrency,
+    load = asyncio.create_task(answers_under_load(app.gateway.url + "/predict", {}, seconds, concurrency,
                                            lambda w, n: {"node_ids": [(w * 389 + n * 7) % 4000]}))
     await fault()
     return await load
@@ -84,7 +85,7 @@ def test_redis_killed_then_restarted(app, redis):
     assert any(line.startswith("feature_l2_errors_total ") and float(line.split()[-1]) > 0
                for line in metrics.splitlines()), "L2 failures are counted on /metrics"
     before = l2_hits(app)
-    asyncio.run(closed_loop(app.gateway.url + "/predict", {}, 2.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
+    asyncio.run(answers_under_load(app.gateway.url + "/predict", {}, 2.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
     assert l2_hits(app) > before, "L2 hits should resume after the restart"
 
 
@@ -178,7 +179,7 @@ def test_redis_cluster_master_killed_replica_takes_over(store, tmp_path):
         assert row["failed"] == 0 and row["degraded"] == 0, row
         assert sum(1 for r in cluster.roles().values() if r == "master") == 3, "a replica should be promoted"
         before = l2_hits(app)
-        asyncio.run(closed_loop(app.gateway.url + "/predict", {}, 3.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
+        asyncio.run(answers_under_load(app.gateway.url + "/predict", {}, 3.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
         assert l2_hits(app) > before, "L2 hits should resume on the promoted replica"
     finally:
         app.stop()

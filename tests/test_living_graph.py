@@ -5,7 +5,6 @@ mirror of the graph in this process that computes what the answers must be."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import threading
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from common.feature_tensor import compact, decode
-from harness.app import SplitApp, closed_loop, free_port
+from harness.app import SplitApp, answers_under_load, free_port
 from harness.redis_servers import RedisServer, redis_available
 from runners.feature.graph import LiveGraph
 from runners.feature.sampling import sample_tree
@@ -263,7 +262,7 @@ def test_compaction_under_load_fails_no_request_and_changes_no_answer(app, env, 
     before = probs_of(predict(app, env, ids))
 
     async def scenario():
-        load = asyncio.create_task(closed_loop(app.gateway.url + "/predict", headers(env), 6.0, 8,
+        load = asyncio.create_task(answers_under_load(app.gateway.url + "/predict", headers(env), 6.0, 8,
                                                lambda w, n: {"node_ids": [(w * 97 + n) % 4000], "seed": n}))
         await asyncio.sleep(1.0)
         r = await asyncio.to_thread(httpx.post, app.gateway.url + "/admin/graph/compact", json={},

@@ -39,7 +39,7 @@ import numpy as np
 
 from bench.suite.targets import (B3_CALLERS, B3_IDLE, B3_NO_L1, B3_WITH_L1, B4_ALL_THREADS, B4_CALLERS, B4_ONE_THREAD,
                                  INPROC_VARIANTS)
-from bench.suite.workload import time_calls
+from harness.workload import time_calls
 
 
 def _timed(fn, inputs: list, budget_s: float, min_calls: int, idle_s: float = 0.0) -> np.ndarray:
@@ -95,7 +95,7 @@ def main() -> None:
 
     import torch
 
-    from bench.suite.workload import Zipf
+    from harness.workload import Zipf
     from runners.feature.cache.tiered import build_feature_store
     from common.settings import Settings
     from common.feature_tensor import PREMEAN

@@ -4,22 +4,16 @@ per-service CPU / memory accounting with psutil. Everything is stopped by PID.""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
-import psutil
 
-from common.bento.launch import START_HTTP_SERVER
-from common.service_auth import ensure_shared_token
-from harness.app import free_port, private_home
+from harness.ports import free_port
+from harness.processes import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where the services run from (their cwd, so their imports): the checkout, or a snapshot of it
@@ -99,107 +93,36 @@ def _copy_grpc_stubs(dest: str) -> None:
                         ignore=shutil.ignore_patterns("__pycache__"))
 
 
-START = START_HTTP_SERVER  # one service of the bento, as the image's entrypoint starts it
 APP = "services.gateway:Gateway"
 TRIVIAL = "bench.suite.trivial_services:TrivialGateway"
 TRIVIAL_SINGLE = "bench.suite.trivial_services:TrivialSingle"
 
 
-class Proc:
-    """One BentoML service (arbiter + workers) on a free loopback port."""
+class Proc(ServiceProcess):
+    """One BentoML service of the suite (arbiter + workers) on a free loopback port, run from the
+    suite's code snapshot (``code_dir``, default ``CODE_DIR`` at launch), its home removed at stop."""
 
     def __init__(self, target: str, name: str, home: str, env: dict[str, str], log_dir: str,
                  depends: dict[str, str] | None = None, workers: int = 1, label: str | None = None,
                  code_dir: Path | None = None) -> None:
-        self.target, self.name, self.home, self.env = target, name, home, env
-        self.code_dir = code_dir  # its cwd (so its imports); None: CODE_DIR at launch
-        self.depends = depends or {}
-        self.workers = workers
         self.label = label or name
-        self.port = free_port()
-        self.log_path = os.path.join(log_dir, f"{self.label}-{self.port}.log")
-        self.proc: subprocess.Popen | None = None
-        self.own_home: str | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        port = free_port()
+        super().__init__(name, port, {**env, "BENTOML_HOME": home}, os.path.join(log_dir, f"{self.label}-{port}.log"),
+                         target=target, depends=depends, workers=workers, home_name=f"bench-{self.label}-{port}")
+        self.home = home
+        self.code_dir = code_dir
 
     def launch(self) -> None:
-        self.own_home = private_home(self.home, f"bench-{self.label}-{self.port}")
-        ensure_shared_token()  # the services of one run share a service token
-        env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env, "BENTOML_HOME": self.own_home}
-        cmd = [*START, self.target, "--service-name", self.name, "--port", str(self.port), "--host", "127.0.0.1",
-               "--api-workers", str(self.workers)]
-        for dep, url in self.depends.items():
-            cmd += ["--depends", f"{dep}={url}"]
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=self.code_dir or CODE_DIR, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.cwd = self.code_dir or CODE_DIR
+        super().launch()
 
     def wait_ready(self, wait_s: float = 120.0) -> None:
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.3)
-        raise TimeoutError(f"{self.label} not ready after {wait_s}s:\n{self.log_tail()}")
+        super().wait_ready(wait_s)
 
-    def tree(self) -> list[psutil.Process]:
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        return []
-
-    def cpu_seconds(self) -> float:
-        total = 0.0
-        for p in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                t = p.cpu_times()
-                total += t.user + t.system
-        return total
-
-    def memory(self) -> dict[str, float]:
-        """RSS and PSS (MiB) summed over the service's processes, and of its largest one (the
-        worker). RSS counts shared pages (the memory-mapped snapshot) in every process that
-        touched them; PSS divides them."""
-        rss = pss = top = 0.0
-        procs = 0
-        for p in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                m = p.memory_full_info()
-                rss += m.rss
-                pss += getattr(m, "pss", m.rss)
-                top = max(top, m.rss)
-                procs += 1
-        mib = 2.0**20
-        return {"rss_mib": rss / mib, "pss_mib": pss / mib, "worker_rss_mib": top / mib, "processes": procs}
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        tree = self.tree()
-        for p in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(tree, timeout=timeout_s)
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        psutil.wait_procs(alive, timeout=5)
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+        super().stop(sig, timeout_s)
         if self.own_home and os.path.basename(self.own_home).startswith(".home-bench-"):
             shutil.rmtree(self.own_home, ignore_errors=True)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return Path(self.log_path).read_text(errors="replace")[-chars:]
-        return ""
 
 
 class Topology:

@@ -25,11 +25,12 @@ import httpx
 import numpy as np
 import psutil
 
-from bench.suite import loadgen, procs, promtext
+from bench.suite import procs, promtext
+from harness import load as loadgen
 from bench.suite import scenarios as sc
 from bench.suite.scenarios import Profile, Scenario
 from bench.suite.targets import B1, B2, TARGETS
-from bench.suite.workload import bodies, make_dist
+from harness.workload import bodies, make_dist
 from harness.redis_servers import HOST, RedisServer, raw_command, redis_available
 
 HOME_100K = "/tmp/gsage-bench-home"

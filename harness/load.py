@@ -9,13 +9,15 @@
 
 Every run stops at ``duration_s`` or ``max_requests``, whichever comes first; requests still in
 flight at the end get ``timeout_s`` to finish. Results: P50/P90/P99/P99.9, req/s, nodes/s,
-errors by status (``exc:<Type>`` for transport errors), ``degraded`` answers.
+errors by status (``exc:<Type>`` for transport errors), ``degraded`` answers; with ``classify``,
+also ``outcomes``: a count per label it gives each answer (tests: the answering model version,
+``degraded``, or the error), with the first message seen per label.
 
 CLI (for ad-hoc runs against any ``/predict``)::
 
-    python -m bench.suite.loadgen --url http://127.0.0.1:3000/predict --concurrency 8 \
+    python -m harness.load --url http://127.0.0.1:3000/predict --concurrency 8 \
         --duration 10 --nodes 1 --dist zipf --num-nodes 100000
-    python -m bench.suite.loadgen --url ... --rate 200 --duration 10
+    python -m harness.load --url ... --rate 200 --duration 10
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import dataclasses
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -34,6 +36,37 @@ import numpy as np
 
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
 DEGRADED = b'"degraded":true'
+
+
+class Outcomes(Counter):
+    """Outcome counts of a load run, with the first message seen for each outcome that is not a
+    full answer (the error body, the degraded reason): a failed assertion then says why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_message: dict[str, str] = {}
+
+    def add(self, outcome: str, message: str | None = None) -> None:
+        self[outcome] += 1
+        if message is not None:
+            self.first_message.setdefault(outcome, message[:300])
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()}, first messages: {self.first_message}"
+
+
+Classify = Callable[[str, bytes], tuple[str, "str | None"]]
+
+
+def answer_outcome(status: str, body: bytes) -> tuple[str, str | None]:
+    """A ``/predict`` answer's outcome: the model version that answered in full, ``degraded``, or
+    the error (its status, or ``exc:<Type>``) with its text."""
+    if status != "200":
+        return status, body.decode("utf-8", "replace")
+    doc = json.loads(body)
+    if doc.get("degraded"):
+        return "degraded", doc.get("degraded_reason") or ""
+    return doc["model"], None
 
 
 @dataclasses.dataclass
@@ -47,6 +80,7 @@ class LoadResult:
     degraded: int
     elapsed_s: float
     sent: int
+    outcomes: Outcomes | None = None  # with ``classify``
 
     @property
     def ok(self) -> int:
@@ -89,35 +123,41 @@ class LoadResult:
         return {"ms": np.quantile(ms, q).round(4).tolist(), "q": q.round(6).tolist()}
 
 
-def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
+def _session(limit: int, timeout_s: float, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=False, ttl_dns_cache=None)
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[str | None, bool]:
-    """(error key or None, degraded)."""
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, outcomes: Outcomes | None = None,
+               classify: Classify | None = None) -> tuple[str | None, bool]:
+    """(error key or None, degraded); with ``classify``, the answer's outcome counted too."""
     try:
         async with session.post(url, data=body) as resp:
             data = await resp.read()
-            if resp.status != 200:
-                return str(resp.status), False
-            return None, DEGRADED in data[:200] or DEGRADED in data[-200:]
+            status = str(resp.status)
     except asyncio.TimeoutError:
-        return "exc:Timeout", False
+        status, data = "exc:Timeout", b""
     except aiohttp.ClientError as exc:
-        return f"exc:{type(exc).__name__}", False
+        status, data = f"exc:{type(exc).__name__}", repr(exc).encode()
+    if outcomes is not None and classify is not None:
+        outcomes.add(*classify(status, data))
+    if status != "200":
+        return status, False
+    return None, DEGRADED in data[:200] or DEGRADED in data[-200:]
 
 
 async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, duration_s: float,
                       max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
-                      warmup_requests: int = 0) -> LoadResult:
+                      warmup_requests: int = 0, headers: dict[str, str] | None = None,
+                      classify: Classify | None = None) -> LoadResult:
     """``concurrency`` workers back to back; bounded by ``duration_s`` and ``max_requests``.
 
     The warm-up (not counted) sends ``warmup_requests`` in rounds of ``concurrency`` at once, so
     that the timed part finds every connection it uses open.
     """
-    async with _session(concurrency, timeout_s) as session:
+    outcomes = Outcomes() if classify is not None else None
+    async with _session(concurrency, timeout_s, headers) as session:
         for first in range(0, warmup_requests, concurrency):  # connection set-up and first-call costs
             await asyncio.gather(*(_one(session, url, bodies[i % len(bodies)])
                                    for i in range(first, min(first + concurrency, warmup_requests))))
@@ -134,7 +174,7 @@ async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, durat
                 body = bodies[sent % len(bodies)]
                 sent += 1
                 t = time.perf_counter()
-                err, deg = await _one(session, url, body)
+                err, deg = await _one(session, url, body, outcomes, classify)
                 if err is None:
                     lat.append(time.perf_counter() - t)
                     degraded += deg
@@ -144,12 +184,13 @@ async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, durat
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
     return LoadResult("closed", concurrency, None, nodes_per_request, np.asarray(lat), dict(errors), degraded,
-                      elapsed, sent)
+                      elapsed, sent, outcomes)
 
 
 async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: float,
                     max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
-                    max_in_flight: int = 512, poisson: bool = True, seed: int = 0) -> LoadResult:
+                    max_in_flight: int = 512, poisson: bool = True, seed: int = 0,
+                    headers: dict[str, str] | None = None, classify: Classify | None = None) -> LoadResult:
     """Arrivals at ``rate``/s (Poisson or evenly spaced); latency from the scheduled start."""
     rng = np.random.default_rng(seed)
     n = int(min(max_requests, max(1, rate * duration_s)))
@@ -161,11 +202,12 @@ async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: 
     in_flight = 0
     tasks: set[asyncio.Task[None]] = set()
 
-    async with _session(max_in_flight, timeout_s) as session:
+    outcomes = Outcomes() if classify is not None else None
+    async with _session(max_in_flight, timeout_s, headers) as session:
         async def fire(body: bytes, scheduled: float) -> None:
             nonlocal in_flight, degraded
             try:
-                err, deg = await _one(session, url, body)
+                err, deg = await _one(session, url, body, outcomes, classify)
                 if err is None:
                     lat.append(time.perf_counter() - scheduled)
                     degraded += deg
@@ -192,12 +234,13 @@ async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: 
         if tasks:
             await asyncio.wait(list(tasks), timeout=timeout_s + 1)
         elapsed = max(time.perf_counter() - start, 1e-9)
-    return LoadResult("open", None, rate, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent)
+    return LoadResult("open", None, rate, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent,
+                      outcomes)
 
 
 def main() -> None:
-    from bench.suite.workload import bodies as make_bodies
-    from bench.suite.workload import make_dist
+    from harness.workload import bodies as make_bodies
+    from harness.workload import make_dist
 
     p = argparse.ArgumentParser(description="closed/open-loop load on POST /predict")
     p.add_argument("--url", required=True)
