@@ -31,7 +31,7 @@ MAX_VALIDATION_ITEMS = 5
 
 class ApiError(Exception):
     """An answer that is not a result: ``status`` (HTTP), ``message`` (for the caller) and
-    ``headers`` (kept on the way out)."""
+    ``headers`` (kept on the way out). A subsystem's own errors subclass ``KindOfError``."""
 
     def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
@@ -60,6 +60,17 @@ class ApiError(Exception):
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.message!r})"
+
+
+class KindOfError(ApiError):
+    """A family of errors with a status of its own: ``status_code`` on the class, a message per
+    instance (``raise UnknownModel("no model 'x'")``)."""
+
+    status_code = 500
+    headers_of_kind: dict[str, str] = {}
+
+    def __init__(self, message: str) -> None:
+        super().__init__(type(self).status_code, message, type(self).headers_of_kind)
 
 
 def retry_after_seconds(seconds: float) -> int:

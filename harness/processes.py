@@ -85,6 +85,9 @@ class ServiceProcess:
         ensure_shared_token()  # the services of one run share a service token, as a Secret gives them
         self.own_home = private_home(self.env["BENTOML_HOME"], self.home_name)
         env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env, "BENTOML_HOME": self.own_home}
+        # Never the user's own update log: one beside the model store the services serve.
+        env.setdefault("GSAGE_GRAPH_LOG_DIR", os.path.join(os.path.dirname(self.env["BENTOML_HOME"].rstrip("/")),
+                                                           "update-log"))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)

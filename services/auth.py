@@ -46,6 +46,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from common.errors import KindOfError
 from common.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
@@ -60,14 +61,15 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-class AuthError(Exception):
-    status_code = 500
+class AuthError(KindOfError):
+    """Who may call: 401 or 403."""
 
 
 class Unauthenticated(AuthError):
     """No key, a malformed header, or an unknown key (HTTP 401)."""
 
     status_code = 401
+    headers_of_kind = {"WWW-Authenticate": "Bearer"}
 
 
 class Forbidden(AuthError):

@@ -43,7 +43,7 @@ from services.http_guard import HttpGuard
 from services.metrics import gateway_metrics
 from services.prediction import PredictionCore, StaleAnswers
 from services.protocol import CompactRequest, GraphUpdate, GraphUpdateAck, PredictRequest, PredictResponse, RoutingChange
-from services.routing import RoutingError, RoutingTable, UnknownModel
+from services.routing import RoutingTable
 
 timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
 quiet_client_errors()  # a caller's bad input is not logged as the gateway's error
@@ -141,11 +141,7 @@ class Gateway:
         started = time.perf_counter()
         try:
             response = await self.core.predict(req)
-        except UnknownModel as exc:
-            raise ApiError(404, str(exc)) from exc
-        except RoutingError as exc:
-            raise ApiError(400, str(exc)) from exc
-        except ApiError as exc:
+        except ApiError as exc:  # routing's own (an unknown model or version) included
             labelled(gateway_metrics().requests, req.model, str(exc.status)).inc()
             raise
         finally:
@@ -237,9 +233,7 @@ class Gateway:
         """Set weights, promote or roll back (scope ``admin``). Every gateway worker sees the
         change within ~1 s; the model runner pre-loads the versions now in use."""
         try:
-            self.apply_routing_change(RoutingChange(**params))
-        except RoutingError as exc:
-            raise ApiError(exc.status_code, str(exc)) from exc
+            self.apply_routing_change(RoutingChange(**params))  # a RoutingError is an ApiError already
         except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
             raise ApiError(409, f"routing file not writable here ({exc.strerror}); change it where it is managed") from exc
         for tag in sorted(self.routing.versions_in_use()):

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,12 +47,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
-from services.answer import Answer
-from services.auth import AuthError, Forbidden
-from services.grpc_codegen import ensure_stubs
-from services.access import resolve_access
 from common.errors import ApiError
+from services.access import resolve_access
+from services.answer import Answer
+from services.grpc_codegen import ensure_stubs
 from services.protocol import GraphUpdate, PredictRequest, PredictResponse
+from services.ratelimit import rate_limited
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).
 ensure_stubs()
@@ -197,16 +196,10 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         for key, value in context.invocation_metadata() or ():
             if isinstance(value, str):
                 metadata.setdefault(key.lower(), value)
-        try:
-            principal = self.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)
-        except Forbidden as exc:
-            raise _Reject(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from exc
-        except AuthError as exc:
-            raise _Reject(grpc.StatusCode.UNAUTHENTICATED, str(exc), [("www-authenticate", "Bearer")]) from exc
+        principal = self.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)  # AuthError
         decision = await self.limiter.acquire(principal.name)
         if not decision.allowed:
-            raise _Reject(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limit exceeded",
-                          [("retry-after", str(max(1, math.ceil(decision.retry_after_s))))])
+            raise rate_limited(decision.retry_after_s)
 
     async def _serve(self, request: Any, context: grpc.aio.ServicerContext,
                      body: Callable[[Any], Any], method: str, scope: str = "predict") -> Any:

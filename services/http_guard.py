@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from common.errors import ApiError, message_from_body, retry_after_seconds, send_error
+from common.errors import ApiError, message_from_body, send_error
 from common.service_auth import BODY_METHODS, media_type
-from services.auth import ApiKeyAuth, AuthError, Forbidden
+from services.auth import ApiKeyAuth, AuthError
+from services.ratelimit import rate_limited
 from services.access import resolve_access
 
 Scope = MutableMapping[str, Any]
@@ -71,12 +72,10 @@ class HttpGuard:
         try:
             principal = self.auth.check(headers.get("authorization"), headers.get("x-api-key"), needed)
         except AuthError as exc:
-            return await send_json(send, 403 if isinstance(exc, Forbidden) else 401, str(exc),
-                                   None if isinstance(exc, Forbidden) else {"WWW-Authenticate": "Bearer"})
+            return await send_error(send, exc)
         decision = await self.limiter.acquire(principal.name)
         if not decision.allowed:
-            return await send_json(send, 429, "rate limit exceeded",
-                                   {"Retry-After": str(retry_after_seconds(decision.retry_after_s))})
+            return await send_error(send, rate_limited(decision.retry_after_s))
         await self._forward(scope, receive, send)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -180,9 +180,11 @@ class PredictionCore:
             return self._model_unavailable(calls, 1.0, str(exc))  # the FeatureRunner's words
         except RunnerRejected as exc:
             self.model_breaker.release_probe()  # the input was at fault, whichever runner said so
+            if len(calls) > 1:  # one caller's input (or its min_sequence) must not fail the others
+                return await self._one_by_one(calls)
             if exc.status == NOT_YET_APPLIED:  # read-your-writes: the update is not applied yet
-                return [ApiError.unavailable(str(exc), 1.0) for _ in calls]
-            return await self._one_by_one(calls) if len(calls) > 1 else [ApiError(exc.status, str(exc))]
+                return [ApiError.unavailable(str(exc), 1.0)]
+            return [ApiError(exc.status, str(exc))]
         except Exception as exc:  # noqa: BLE001 - anything else: the FeatureRunner is unavailable
             self.model_breaker.release_probe()
             return [self._degraded(c.tag, c.req, exc) for c in calls]

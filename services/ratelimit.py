@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.breaker import CircuitBreaker
+from common.errors import ApiError, retry_after_seconds
 from common.redis_client import make_client
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ class Decision:
 
 
 ALLOW_UNLIMITED = Decision(True, 0.0, math.inf)
+
+
+def rate_limited(retry_after_s: float) -> ApiError:
+    """The answer to a call over its key's budget (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+    return ApiError(429, "rate limit exceeded", {"Retry-After": str(retry_after_seconds(retry_after_s))})
 
 
 def _check(rate_per_s: float, burst: float) -> None:

@@ -73,6 +73,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from common.errors import KindOfError
 from common.files import atomic_write_json, file_lock, file_signature
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ _TAG_PART_RE = re.compile(r"^[a-z0-9]([-._a-z0-9]*[a-z0-9])?$")  # BentoML's tag
 _TAG_PART_MAX = 63
 
 
-class RoutingError(ValueError):
+class RoutingError(KindOfError):
     status_code = 400
 
 

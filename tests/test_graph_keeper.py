@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from runners.feature.graph import BatchRejected, LiveGraph
-from runners.feature.live import GraphKeeper, NotApplied, TooManyOps, compact, replay
+from runners.feature.live import GraphKeeper, NeverIssued, NotApplied, TooManyOps, compact, replay
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import load_snapshot, save_snapshot
 from runners.feature.update_log import FileUpdateLog
@@ -90,8 +90,12 @@ def test_read_your_writes_waits_for_the_sequence_and_refuses_after_the_wait(tmp_
         entry = await writer.submit([add_node(500, 1.0)])
         await reader.wait_for(entry.sequence, 5.0)
         assert reader.graph.contains(np.array([500]))[0]
-        with pytest.raises(NotApplied, match="graph update 99 is not applied here yet"):
+        with pytest.raises(NeverIssued, match="min_sequence 99 was never issued: .* latest sequence is 1"):
             await reader.wait_for(99, 0.05)
+        async with reader._applying:  # the reader busy elsewhere: the entry is issued, not applied
+            second = await writer.submit([add_node(501, 1.0)])
+            with pytest.raises(NotApplied, match=f"graph update {second.sequence} is not applied here yet"):
+                await reader.wait_for(second.sequence, 0.05)
         await writer.close()
         await reader.close()
 

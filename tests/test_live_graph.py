@@ -167,3 +167,20 @@ def test_a_batch_sees_its_own_earlier_ops():
     g.apply(ops, 1)
     assert g.neighbours(600).tolist() == [3] and 600 not in g.neighbours(2).tolist()
     np.testing.assert_array_equal(g.rows(np.array([600]))[0], np.float32(2))
+
+
+def test_a_list_that_outgrows_its_segment_moves_and_its_neighbours_keep_theirs():
+    g = graph(capacity=1000)
+    low = [v for v in range(50) if g.base.degrees()[v] == 1][:2]  # segments of room 4, side by side
+    a, b = low
+    g.apply([{"op": "add_edge", "src": b, "dst": 100}], 1)
+    before_b = g.neighbours(b).tolist()
+    adds = [{"op": "add_edge", "src": a, "dst": 200 + i} for i in range(40)]  # several moves
+    g.validate(adds)
+    g.apply(adds, 2)
+    assert g.neighbours(a).tolist()[-40:] == [200 + i for i in range(40)]
+    assert g.neighbours(b).tolist() == before_b
+    assert all(a in g.neighbours(200 + i).tolist() for i in range(40))
+    snap = g.materialize()
+    for v in (a, b, 100, 239):
+        assert snap.indices[snap.indptr[v]:snap.indptr[v + 1]].tolist() == g.neighbours(v).tolist()

@@ -14,6 +14,7 @@ import pytest
 from common import wire
 from common.breaker import BreakerState, CircuitBreaker
 from common.errors import ApiError
+from common.predict_request import NOT_YET_APPLIED
 from common.remote import RunnerRejected, UpstreamFailed
 from services.prediction import PredictionCore
 from services.protocol import PredictRequest
@@ -28,6 +29,7 @@ class FakeRunners:
         self.feature_calls: list[int] = []
         self.features_down = False
         self.model_down = False
+        self.applied = 0  # the graph update sequence this fake FeatureRunner has applied
 
     async def predict(self, node_ids, fanout=None, seeds=None, model="m", embedding=False, min_sequence=0):
         await asyncio.sleep(0.01)  # loop time: concurrent requests find the runner busy
@@ -35,6 +37,8 @@ class FakeRunners:
             raise ConnectionRefusedError("down")
         if 999 in node_ids:
             raise RunnerRejected(400, "unknown node ids [999]")
+        if min_sequence > self.applied:
+            raise RunnerRejected(NOT_YET_APPLIED, f"graph update {min_sequence} is not applied here yet")
         self.feature_calls.append(len(node_ids))
         if self.model_down:
             raise UpstreamFailed("model runner unavailable: ClientConnectorError")
@@ -83,6 +87,20 @@ def test_a_rejected_request_does_not_fail_the_others_in_its_batch():
     out = run(main())
     assert isinstance(out[3], ApiError) and out[3].status == 400 and "999" in out[3].message
     assert all(not isinstance(o, Exception) for i, o in enumerate(out) if i != 3)
+
+
+def test_one_callers_unapplied_min_sequence_does_not_fail_the_others_in_its_batch():
+    runners = FakeRunners()
+    reqs = [PredictRequest(node_ids=[i], seed=1, min_sequence=7 if i == 2 else None) for i in range(6)]
+
+    async def main():
+        c = core(runners)
+        return await asyncio.gather(*(c.predict(r) for r in reqs), return_exceptions=True)
+
+    out = run(main())
+    assert isinstance(out[2], ApiError) and out[2].status == 503 and "not applied" in out[2].message
+    assert out[2].headers.get("Retry-After") == "1"
+    assert all(not isinstance(o, Exception) for i, o in enumerate(out) if i != 2)
 
 
 def test_feature_runner_down_degrades_and_model_runner_down_is_503():

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import ApiError
 from runners.feature.sampling import AdjacencyOverlay
 from runners.feature.snapshot import GraphSnapshot
 
@@ -48,11 +49,11 @@ _FIELDS = {"add_node": ("id", "features"), "set_features": ("id", "features"), "
 MIN_SEGMENT = 4
 
 
-class BatchRejected(ValueError):
-    """A batch of updates that cannot be applied: the op at ``index``, its ``field``, why."""
+class BatchRejected(ApiError):
+    """A batch of updates that cannot be applied (HTTP 422): the op at ``index``, its ``field``, why."""
 
     def __init__(self, index: int, op: str, field: str, reason: str) -> None:
-        super().__init__(f"op {index} ({op}): {field}: {reason}")
+        super().__init__(422, f"op {index} ({op}): {field}: {reason}")
         self.index, self.op, self.field, self.reason = index, op, field, reason
 
 
@@ -354,8 +355,11 @@ class LiveGraph:
         if self._offset[v] < 0:
             self._set_list(v, np.array(self.neighbours(v)))  # copied once, then owned by the overlay
         deg = int(self._degree[v])
-        if deg == self._room[v]:
-            self._set_list(v, np.array(self.neighbours(v)))  # moves to a segment twice the size
+        if deg == self._room[v]:  # full: the list moves to a segment twice the size
+            current = self.neighbours(v).copy()
+            room = max(MIN_SEGMENT, 2 * deg)
+            self._offset[v], self._room[v] = self._segment(room), room
+            self._arena[int(self._offset[v]) : int(self._offset[v]) + deg] = current
         self._arena[int(self._offset[v]) + deg] = u
         self._degree[v] = deg + 1
         k = self._added_used

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import KindOfError
+from common.predict_request import NOT_YET_APPLIED
 from runners.feature.graph import BatchRejected, LiveGraph
 from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
 from runners.feature.update_log import LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog
@@ -45,17 +47,31 @@ READ_BATCH = 500
 STATUS_INTERVAL_S = 1.0
 
 
-class TooManyOps(ValueError):
-    """A batch with more ops than ``graph_max_ops`` (HTTP 413)."""
+class TooManyOps(KindOfError):
+    """A batch with more ops than ``graph_max_ops``."""
+
+    status_code = 413
 
 
-class LogBehind(RuntimeError):
+class LogBehind(KindOfError):
     """The update log's head is behind the snapshot's sequence: the snapshot was folded from
     another log (or the log was lost); serving would silently skip or repeat updates."""
 
+    status_code = 409
 
-class NotApplied(Exception):
-    """``min_sequence`` not applied by this worker within the wait (HTTP 503 with Retry-After)."""
+
+class NeverIssued(KindOfError):
+    """``min_sequence`` beyond the update log's head: no update with that sequence was accepted,
+    so waiting cannot help (a client bug, not a transient state)."""
+
+    status_code = 422
+
+
+class NotApplied(KindOfError):
+    """``min_sequence`` not applied by this worker within the wait (the gateway answers 503 with
+    Retry-After)."""
+
+    status_code = NOT_YET_APPLIED
 
 
 @dataclasses.dataclass
@@ -212,6 +228,10 @@ class GraphKeeper:
         while self.graph.sequence < sequence:
             left = deadline - loop.time()
             if left <= 0:
+                head = await self.log.head()
+                if sequence > head:
+                    raise NeverIssued(f"min_sequence {sequence} was never issued: the update log's latest sequence is "
+                                      f"{head}; pass the sequence an update answered")
                 raise NotApplied(f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); "
                                  "retry shortly")
             event = self._applied_event

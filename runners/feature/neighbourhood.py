@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common.errors import KindOfError
 from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
 from common.feature_tensor import FeatureTensor, PremeanTree, compact
 from runners.feature.narrowing import to_dtype
@@ -25,16 +26,22 @@ from runners.feature.snapshot import GraphSnapshot
 TRANSPORT_DTYPES = ("float32", "float16")
 
 
-class InvalidRequest(ValueError):
-    """Bad input from the caller (maps to HTTP 400/422)."""
+class InvalidRequest(KindOfError):
+    """Bad input from the caller."""
+
+    status_code = 400
 
 
 class TooManyNodes(InvalidRequest):
-    """More node ids than one request may carry (maps to HTTP 413)."""
+    """More node ids than one call may carry (a merged call over the FeatureRunner's limit)."""
+
+    status_code = 422
 
 
 class NodeNotFound(InvalidRequest):
-    """Node ids within the graph's id range that are not nodes (removed, or never added): 404."""
+    """Node ids within the graph's id range that are not nodes (removed, or never added)."""
+
+    status_code = 404
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,8 +41,16 @@ class AdjacencyOverlay:
     arena: np.ndarray  # the base CSR's index dtype
 
 
+_EMPTY: dict[np.dtype, AdjacencyOverlay] = {}
+
+
 def _no_overlay(indices: np.ndarray) -> AdjacencyOverlay:
-    return AdjacencyOverlay(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, indices.dtype))
+    """Empty overlay arrays (the kernel's types), made once per index dtype."""
+    empty = _EMPTY.get(indices.dtype)
+    if empty is None:
+        empty = _EMPTY[indices.dtype] = AdjacencyOverlay(np.empty(0, np.int64), np.empty(0, np.int64),
+                                                         np.empty(0, indices.dtype))
+    return empty
 
 
 def sample_neighbours(

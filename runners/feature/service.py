@@ -34,9 +34,9 @@ from common.service_auth import ServiceGuard, ServiceTokens, ensure_shared_token
 from common.settings import runner_service_options, settings
 from runners.feature.cache.tiered import build_feature_store
 from runners.feature.metrics import feature_metrics, graph_observer
-from runners.feature.graph import BatchRejected, LiveGraph
-from runners.feature.live import GraphKeeper, LogBehind, NotApplied, TooManyOps
-from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, NodeNotFound, TooManyNodes
+from runners.feature.graph import LiveGraph
+from runners.feature.live import GraphKeeper
+from runners.feature.neighbourhood import FeatureRequest, NeighbourhoodBuilder
 from runners.feature.update_log import LogUnavailable, update_log_from
 from runners.feature.snapshot import load_snapshot
 from runners.graphsage.service import GraphSAGERunner
@@ -141,14 +141,7 @@ class FeatureRunner:
 
     async def _tensor(self, node_ids: list[int] | np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
                       seeds: list[int] | np.ndarray | None, premean: bool = False) -> FeatureTensor:
-        try:
-            request = self.builder.validate(node_ids, fanout, seed, dtype, seeds, premean)
-        except TooManyNodes as exc:
-            raise ApiError(422, str(exc)) from exc
-        except NodeNotFound as exc:
-            raise ApiError(404, str(exc)) from exc
-        except InvalidRequest as exc:
-            raise ApiError(400, str(exc)) from exc
+        request = self.builder.validate(node_ids, fanout, seed, dtype, seeds, premean)  # raises InvalidRequest
         return await self.batcher.submit(request)
 
     @bentoml.api
@@ -182,11 +175,8 @@ class FeatureRunner:
             options, node_ids, seeds = predict_request.decode(request)
         except predict_request.BadPredictRequest as exc:
             raise ApiError(400, f"bad predict request: {exc}") from exc
-        if options.get("min_sequence"):
-            try:
-                await self.keeper.wait_for(options["min_sequence"], self._min_sequence_wait_s)
-            except NotApplied as exc:
-                raise ApiError(predict_request.NOT_YET_APPLIED, str(exc)) from exc
+        if options.get("min_sequence"):  # read-your-writes; NotApplied after the wait
+            await self.keeper.wait_for(options["min_sequence"], self._min_sequence_wait_s)
         return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
                                    seeds, options["model"], options["embedding"])
 
@@ -247,15 +237,9 @@ class FeatureRunner:
         graph as the log has it, appended durably to the update log, applied here; every other
         worker applies it from the log. Answers ``{"accepted": N, "sequence": S}``."""
         try:
-            entry = await self.keeper.submit(ops)
-        except BatchRejected as exc:
-            raise ApiError(422, str(exc)) from exc
-        except TooManyOps as exc:
-            raise ApiError(413, str(exc)) from exc
+            entry = await self.keeper.submit(ops)  # BatchRejected, TooManyOps, LogBehind: ApiErrors
         except LogUnavailable as exc:
             raise ApiError.unavailable(f"update log unavailable, nothing was accepted: {exc}", 1.0) from exc
-        except LogBehind as exc:
-            raise ApiError(409, str(exc)) from exc
         return {"accepted": len(ops), "sequence": entry.sequence}
 
     @bentoml.api
