@@ -120,8 +120,12 @@ class LiveGraphSection(BaseModel):
 
 
 class ModelRunnerSection(BaseModel):
-    backend: Literal["onnx", "onnx-cuda", "torch", "tensorrt"] = Field(
-        "onnx", description="`onnx`, `onnx-cuda`, `torch` (reference, needs torch installed); `tensorrt` is the GPU issue's")
+    backend: Literal["onnx", "onnx-cuda", "openvino", "torch", "tensorrt"] = Field(
+        "onnx", description="`onnx`, `onnx-cuda`, `openvino` (needs the `openvino` extra), `torch` (reference, "
+                            "needs torch installed); `tensorrt` is the GPU issue's")
+    precision: Literal["fp32", "int8"] = Field(
+        "fp32", description="`int8`: a version's INT8 graph where its export stored one that passed the accuracy "
+                            "guard on this backend (`onnx`, `openvino`), else FP32; answers say which served them")
     intra_op_threads: Count = Field(1, description="compute threads per model worker")
     max_batch_targets: Count = Field(256, description="targets per forward pass (adaptive batching)")
     max_batch_delay_ms: NonNegative = Field(0.0, description="wait for company (0: take what queued while the last batch ran)")

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("name, value, reason", [
     ("GSAGE_COALESCE_MAX_INFLIGHT", "0", "greater than or equal to 1"),  # used to hang the coalescer
     ("GSAGE_DIRECT_API", "enabled", "valid boolean"),  # used to read as off
-    ("GSAGE_BACKEND", "onxx", "'onnx', 'onnx-cuda', 'torch' or 'tensorrt'"),  # failed only when a model loaded
+    ("GSAGE_BACKEND", "onxx", "'onnx', 'onnx-cuda', 'openvino', 'torch' or 'tensorrt'"),  # failed only when a model loaded
     ("GSAGE_FEATURE_TRANSPORT_DTYPE", "bf16", "'float32' or 'float16'"),  # turned every request into a 400
     ("GSAGE_FANOUT", "25,x", "valid integer"),
     ("GSAGE_FANOUT", "0", "greater than or equal to 1"),

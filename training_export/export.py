@@ -1,8 +1,11 @@
 """Export: PyG model -> dense served model -> ONNX (and, for the mean aggregator, the graph with
-the premean input), parity check, save ``graphsage:<version>``.
+the premean input), parity check, optionally INT8 (``training_export.quantize``: quantised,
+calibrated on the training split, behind an accuracy guard), save ``graphsage:<version>``.
 
 Parity runs the PyG model, the dense torch model and ONNX Runtime on the same sampled
-neighbourhoods and requires max |logit difference| <= 1e-4 and identical argmax.
+neighbourhoods and requires max |logit difference| <= 1e-4 and identical argmax. A small probe
+(a sampled FeatureTensor, both layouts, and PyG's logits on it) is stored with the version: every
+backend runs it when it loads the version (``runners.graphsage.backends.check_probe``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import torch
 
 from runners.graphsage.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
 from common.feature_tensor import LAYOUT, PREMEAN, compact, premean
-from runners.graphsage.model_artifacts import CONFIG_FILE, MODEL_NAME, ONNX_FILE, ONNX_PREMEAN_FILE, STATE_DICT_FILE, TENSORRT_DIR
+from runners.graphsage.model_artifacts import (CONFIG_FILE, INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, MODEL_NAME, ONNX_FILE,
+                                               ONNX_PREMEAN_FILE, PROBE_FILE, STATE_DICT_FILE, TENSORRT_DIR)
 from runners.graphsage.model_config import ModelConfig
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
@@ -27,6 +31,7 @@ from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 PARITY_TOLERANCE = 1e-4
 OPSET = 17
+PROBE_TARGETS = 16  # the load probe's targets: ~1 MB of rows on the demo graph
 
 
 class ParityError(RuntimeError):
@@ -125,10 +130,31 @@ def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, c
     return result
 
 
+def make_probe(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int = PROBE_TARGETS,
+               seed: int = 1) -> dict[str, np.ndarray]:
+    """The load probe: a sampled FeatureTensor (hubs and random nodes), its premean form where the
+    model takes it (``pm_*``), and PyG's logits on it (``ref_logits``)."""
+    model = model.eval()
+    targets = parity_targets(snapshot, count, seed)
+    tree = sample_tree(snapshot.indptr, snapshot.indices, targets, model.cfg.fanout, seed=seed)
+    unique, index = compact(tree)
+    feats = np.ascontiguousarray(snapshot.features[unique], dtype=np.float32)
+    with torch.no_grad():
+        ref, _ = model(*mfg_tensors(tree, snapshot.features))
+    probe = {"features": feats, **{f"idx{d}": idx for d, idx in enumerate(index)}, "ref_logits": ref.numpy()}
+    if supports_premean(model.cfg):
+        rows, inner, last_rows, last_mean = premean(feats, index, np.full(targets.size, seed))
+        probe.update(pm_features=np.ascontiguousarray(rows), pm_last_rows=last_rows, pm_last_mean=last_mean,
+                     **{f"pm_idx{d}": idx for d, idx in enumerate(inner)})
+    return probe
+
+
 def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], parity: dict[str, Any],
-               onnx_dir: str | None = None, labels: dict[str, str] | None = None) -> str:
+               onnx_dir: str | None = None, labels: dict[str, str] | None = None,
+               int8: dict[str, Any] | None = None) -> str:
     """Write ``graphsage:<version>`` (ONNX graphs, state dict, config, metadata); refuses failed
-    parity. ``onnx_dir``: the checked graphs (``export_all``'s), exported afresh when None."""
+    parity. ``onnx_dir``: the checked graphs (``export_all``'s, and the INT8 graphs and the probe
+    when made), exported afresh when None. ``int8``: the INT8 guard's figures (metadata ``int8``)."""
     import bentoml
 
     if not parity.get("passed"):
@@ -138,7 +164,8 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
             "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes, "task": cfg.task,
             "graph_snapshot": snapshot_tag, "metrics": metrics, "parity": parity,
             "tensorrt_engines": {}, "input_layout": LAYOUT,
-            "input_layouts": [LAYOUT, PREMEAN] if supports_premean(cfg) else [LAYOUT]}
+            "input_layouts": [LAYOUT, PREMEAN] if supports_premean(cfg) else [LAYOUT],
+            "int8": int8 or {"stored": False}}
     with bentoml.models.create(
         MODEL_NAME,
         labels={"aggregator": cfg.aggregator, "task": cfg.task, **(labels or {})},
@@ -148,7 +175,10 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
         with open(os.path.join(entry.path, CONFIG_FILE), "w") as f:
             json.dump(cfg.to_dict(), f, indent=2)
         if onnx_dir:
-            for name in (ONNX_FILE, ONNX_PREMEAN_FILE):
+            stored = [ONNX_FILE, ONNX_PREMEAN_FILE, PROBE_FILE]
+            if int8 and int8.get("stored"):
+                stored += [INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE]
+            for name in stored:
                 if os.path.exists(os.path.join(onnx_dir, name)):
                     shutil.copyfile(os.path.join(onnx_dir, name), os.path.join(entry.path, name))
         else:
@@ -158,10 +188,32 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
 
 
 def export_and_verify(model: PygGraphSAGE, snapshot: GraphSnapshot, metrics: dict[str, Any],
-                      parity_count: int = 256) -> tuple[str, dict[str, Any]]:
-    """ONNX export + parity + save; returns (model tag, parity result)."""
+                      parity_count: int = 256, int8: bool = False,
+                      int8_options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """ONNX export + parity + load probe (+ INT8 and its guard) + save; returns (model tag,
+    parity result). ``int8``: quantise and guard (``quantize.quantize_and_guard``, with
+    ``int8_options``); a refusal is logged with its figures, recorded in the metadata, and the
+    version saved at FP32 only."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_all(to_dense(model), tmp)
         parity = check_parity(model, paths[0], snapshot, count=parity_count, premean_path=(paths[1:] or [None])[0])
-        tag = save_model(model, snapshot.tag, metrics, parity, onnx_dir=tmp)
+        probe = make_probe(model, snapshot)
+        figures = None
+        if int8 and parity["passed"]:
+            from training_export.quantize import QuantizationRefused, describe, quantize_and_guard
+
+            try:
+                figures = quantize_and_guard(snapshot, model.cfg, tmp, probe, **(int8_options or {}))
+                _log(f"INT8 stored: {describe(figures)}")
+            except QuantizationRefused as exc:
+                figures = exc.figures
+                _log(f"{exc}\nthe version is saved at FP32 only")
+        np.savez(os.path.join(tmp, PROBE_FILE), **probe)
+        tag = save_model(model, snapshot.tag, metrics, parity, onnx_dir=tmp, int8=figures)
     return tag, parity
+
+
+def _log(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)

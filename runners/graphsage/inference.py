@@ -41,7 +41,8 @@ class LoadedModel:
 
     def describe(self) -> dict[str, Any]:
         cfg = self.artifacts.config
-        return {"tag": self.artifacts.tag, "backend": self.backend.name, "aggregator": cfg.aggregator,
+        return {"tag": self.artifacts.tag, "backend": self.backend.name, "precision": self.backend.precision,
+                "load_check": getattr(self.backend, "load_check", None), "aggregator": cfg.aggregator,
                 "fanout": list(cfg.fanout), "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes,
                 "task": cfg.task, "graph_snapshot": self.artifacts.metadata.get("graph_snapshot"),
                 "input_layouts": self.input_layouts, "loaded_at": self.loaded_at}
@@ -58,9 +59,16 @@ class InferenceItem:
 
 
 class ModelRegistry:
-    def __init__(self, backend: str = "onnx", threads: int = 1) -> None:
+    def __init__(self, backend: str = "onnx", threads: int = 1, precision: str | None = None) -> None:
+        """``precision``: ``fp32`` or ``int8`` (where a version allows it: ``backends``); None:
+        the configured one (``GSAGE_PRECISION``)."""
+        if precision is None:
+            from common.settings import settings
+
+            precision = settings().precision
         self.backend_kind = backend
         self.threads = threads
+        self.precision = precision
         self._models: dict[str, LoadedModel] = {}
         self._aliases: dict[str, str] = {}  # e.g. graphsage:latest -> graphsage:<v>
         self._lock = threading.Lock()
@@ -95,7 +103,7 @@ class ModelRegistry:
 
     def _register(self, artifacts: ModelArtifacts) -> LoadedModel:
         if artifacts.tag not in self._models:
-            backend = load_backend(artifacts, self.backend_kind, self.threads)
+            backend = load_backend(artifacts, self.backend_kind, self.threads, self.precision)
             self._models[artifacts.tag] = LoadedModel(artifacts, backend, time.time())
         return self._models[artifacts.tag]
 
@@ -191,7 +199,8 @@ def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[
         logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.premean)
         for n, i in enumerate(positions):
             lo, hi = batch.bounds[n], batch.bounds[n + 1]
-            results[i] = {"model": model.artifacts.tag, "backend": model.backend.name, "task": model.artifacts.config.task,
+            results[i] = {"model": model.artifacts.tag, "backend": model.backend.name,
+                          "precision": model.backend.precision, "task": model.artifacts.config.task,
                           "logits": logits[lo:hi], "probs": probs[lo:hi],
                           **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {})}
     return results

@@ -151,7 +151,7 @@ class GraphSAGERunner:
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding, loaded))
         labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
-        return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "task")})
+        return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "precision", "task")})
 
     @bentoml.api
     @answers_errors
