@@ -25,15 +25,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from common import predict_request
-from common.bento import timeout_fix
-from common.bento.logs import quiet_client_errors
+from common.bento.serving import prepare_service_module
 from common.bento.dependencies import connect
 from common.bento.direct_api import JSON, DirectApi, ServiceInstance, answers_errors
 from common.breaker import CircuitBreaker
 from common.errors import ApiError, error_response
 from common.remote import RunnerFailed, RunnerRejected, failure_reason
 from common.metrics import labelled
-from common.service_auth import ServiceTokens, ensure_shared_token
+from common.service_auth import ServiceTokens
 from common.settings import gateway_ssl_config, settings, tracing_config
 from runners.feature.service import FeatureRunner
 from runners.graphsage.service import GraphSAGERunner
@@ -45,9 +44,7 @@ from services.prediction import PredictionCore, StaleAnswers
 from services.protocol import CompactRequest, GraphUpdate, GraphUpdateAck, PredictRequest, PredictResponse, RoutingChange
 from services.routing import RoutingTable
 
-timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
-quiet_client_errors()  # a caller's bad input is not logged as the gateway's error
-ensure_shared_token()  # before BentoML starts the runners, which must share it
+prepare_service_module()  # timeout fix, quiet client errors, the shared service token
 
 log = logging.getLogger("graphsage.gateway")
 COMPACTION_TIMEOUT_S = 600.0  # the 1M/10M graph folds in well under it (bench/bench_live_graph.py)

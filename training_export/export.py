@@ -89,21 +89,29 @@ def parity_targets(snapshot: GraphSnapshot, count: int, seed: int) -> np.ndarray
     return np.concatenate([hubs, rest]).astype(np.int64)
 
 
-def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, count: int = 256,
-                 seed: int = 0, premean_path: str | None = None) -> dict[str, Any]:
-    """PyG vs dense torch vs ONNX Runtime on the same sampled trees; ``premean_path``: also the
-    graph with the premean input, fed as the FeatureRunner feeds it (``feature_tensor.premean``)."""
-    import onnxruntime as ort
-
-    model = model.eval()
-    dense = to_dense(model)
+def _sampled_reference(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int,
+                       seed: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], torch.Tensor]:
+    """Targets sampled as ``parity_targets``, their FeatureTensor (float32 rows, one index per hop)
+    as the FeatureRunner builds it, and PyG's logits on the same trees. Leaves ``model`` in eval."""
+    model.eval()
     targets = parity_targets(snapshot, count, seed)
     tree = sample_tree(snapshot.indptr, snapshot.indices, targets, model.cfg.fanout, seed=seed)
     unique, index = compact(tree)
     feats = np.ascontiguousarray(snapshot.features[unique], dtype=np.float32)
     with torch.no_grad():
         ref, _ = model(*mfg_tensors(tree, snapshot.features))
-        dense_logits, _, _ = dense(torch.from_numpy(feats), *[torch.from_numpy(i) for i in index])
+    return targets, feats, index, ref
+
+
+def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, count: int = 256,
+                 seed: int = 0, premean_path: str | None = None) -> dict[str, Any]:
+    """PyG vs dense torch vs ONNX Runtime on the same sampled trees; ``premean_path``: also the
+    graph with the premean input, fed as the FeatureRunner feeds it (``feature_tensor.premean``)."""
+    import onnxruntime as ort
+
+    targets, feats, index, ref = _sampled_reference(model, snapshot, count, seed)
+    with torch.no_grad():
+        dense_logits, _, _ = to_dense(model)(torch.from_numpy(feats), *[torch.from_numpy(i) for i in index])
     session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     feed = {"features": feats, **{f"idx{d}": idx for d, idx in enumerate(index)}}
     onnx_logits = session.run(["logits"], feed)[0]
@@ -134,13 +142,7 @@ def make_probe(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int = PROBE_
                seed: int = 1) -> dict[str, np.ndarray]:
     """The load probe: a sampled FeatureTensor (hubs and random nodes), its premean form where the
     model takes it (``pm_*``), and PyG's logits on it (``ref_logits``)."""
-    model = model.eval()
-    targets = parity_targets(snapshot, count, seed)
-    tree = sample_tree(snapshot.indptr, snapshot.indices, targets, model.cfg.fanout, seed=seed)
-    unique, index = compact(tree)
-    feats = np.ascontiguousarray(snapshot.features[unique], dtype=np.float32)
-    with torch.no_grad():
-        ref, _ = model(*mfg_tensors(tree, snapshot.features))
+    targets, feats, index, ref = _sampled_reference(model, snapshot, count, seed)
     probe = {"features": feats, **{f"idx{d}": idx for d, idx in enumerate(index)}, "ref_logits": ref.numpy()}
     if supports_premean(model.cfg):
         rows, inner, last_rows, last_mean = premean(feats, index, np.full(targets.size, seed))

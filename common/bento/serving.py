@@ -32,3 +32,17 @@ def serves(service: str, main: bool = False) -> bool:
     process serves when no other one is named."""
     name = served_service_name()
     return name == service or (main and not name)
+
+
+def prepare_service_module() -> None:
+    """What each service module runs before its ``@bentoml.service`` class: BentoML's timeout
+    timers released (``timeout_fix``, before BentoML builds the ASGI app), a caller's bad input
+    not logged as the service's error, and one service token that every process BentoML starts
+    from here shares (before it starts any)."""
+    from common.bento import timeout_fix
+    from common.bento.logs import quiet_client_errors
+    from common.service_auth import ensure_shared_token
+
+    timeout_fix.install()
+    quiet_client_errors()
+    ensure_shared_token()

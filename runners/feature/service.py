@@ -21,8 +21,7 @@ import bentoml
 import numpy as np
 
 from common import predict_request, wire
-from common.bento import timeout_fix
-from common.bento.logs import quiet_client_errors
+from common.bento.serving import prepare_service_module
 from common.bento.dependencies import connect
 from common.bento.direct_api import OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher
@@ -30,7 +29,7 @@ from common.errors import ApiError
 from common.feature_tensor import PREMEAN, FeatureTensor, encode
 from common.metrics import labelled
 from common.remote import UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_reason
-from common.service_auth import ServiceGuard, ServiceTokens, ensure_shared_token
+from common.service_auth import ServiceGuard, ServiceTokens
 from common.settings import runner_service_options, settings
 from runners.feature.cache.tiered import build_feature_store
 from runners.feature.metrics import feature_metrics, graph_observer
@@ -41,9 +40,7 @@ from runners.feature.update_log import LogUnavailable, update_log_from
 from runners.feature.snapshot import load_snapshot
 from runners.graphsage.service import GraphSAGERunner
 
-timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
-quiet_client_errors()  # a caller's bad input is not logged as this service's error
-ensure_shared_token()  # before BentoML starts any process that must share it
+prepare_service_module()  # timeout fix, quiet client errors, the shared service token
 
 log = logging.getLogger("graphsage.feature")
 _instance = ServiceInstance()

@@ -23,23 +23,20 @@ from concurrent.futures import ThreadPoolExecutor
 import bentoml
 
 from common import wire
-from common.bento import timeout_fix
-from common.bento.logs import quiet_client_errors
+from common.bento.serving import prepare_service_module
 from common.bento.direct_api import OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher, BatchStats
 from common.errors import ApiError
 from common.feature_tensor import FeatureTensorError, decode
 from common.metrics import labelled
-from common.service_auth import ServiceGuard, ensure_shared_token
+from common.service_auth import ServiceGuard
 from common.settings import runner_service_options, settings
 from runners.graphsage.inference import (IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion,
                                          check_compatible, run_batch)
 from runners.graphsage.admin_state import AdminState
 from runners.graphsage.metrics import model_metrics
 
-timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
-quiet_client_errors()  # a caller's bad input is not logged as this service's error
-ensure_shared_token()  # before BentoML starts any process that must share it
+prepare_service_module()  # timeout fix, quiet client errors, the shared service token
 
 log = logging.getLogger("graphsage.model")
 _instance = ServiceInstance()
