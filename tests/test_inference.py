@@ -254,7 +254,7 @@ def test_mismatched_inputs_are_refused_with_a_clear_message(model_store):
     too_wide, _ = feature_tensor([1, 2, 3], fanout=(30, 10))
     with pytest.raises(IncompatibleInput, match=r"fanout \[25, 10\], the request sampled \[30, 10\]"):
         check_compatible(loaded, too_wide)
-    assert issubclass(IncompatibleInput, ValueError)  # the service maps it to 422
+    assert IncompatibleInput("x").status == 422 and UnknownVersion("x").status == 404  # what the wire answers
 
 
 def test_unknown_versions_are_refused(model_store):

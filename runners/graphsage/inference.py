@@ -17,16 +17,21 @@ from typing import Any
 import numpy as np
 
 from runners.graphsage.backends import Backend, load_backend
+from common.errors import KindOfError
 from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from runners.graphsage.model_artifacts import ModelArtifacts, load_artifacts
 
 
-class UnknownVersion(LookupError):
-    """The model store has no such ``graphsage`` tag."""
+class UnknownVersion(KindOfError):
+    """The model store has no such ``graphsage`` tag (or none this runner can serve)."""
+
+    status_code = 404
 
 
-class IncompatibleInput(ValueError):
+class IncompatibleInput(KindOfError):
     """A FeatureTensor that does not fit the version it names (feature dim, depth, fanout)."""
+
+    status_code = 422
 
 
 @dataclasses.dataclass

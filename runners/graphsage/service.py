@@ -31,8 +31,7 @@ from common.feature_tensor import FeatureTensorError, decode
 from common.metrics import labelled
 from common.service_auth import ServiceGuard
 from common.settings import runner_service_options, settings
-from runners.graphsage.inference import (IncompatibleInput, InferenceItem, ModelRegistry, UnknownVersion,
-                                         check_compatible, run_batch)
+from runners.graphsage.inference import InferenceItem, ModelRegistry, check_compatible, run_batch
 from runners.graphsage.admin_state import AdminState
 from runners.graphsage.metrics import model_metrics
 
@@ -116,10 +115,7 @@ class GraphSAGERunner:
         loaded = self.registry.get_loaded(tag)
         if loaded is not None:  # the common case: no hop through the loader thread
             return loaded
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._loader, self.registry.load, tag)
-        except UnknownVersion as exc:
-            raise ApiError(404, str(exc)) from exc
+        return await asyncio.get_running_loop().run_in_executor(self._loader, self.registry.load, tag)  # UnknownVersion: 404
 
     @bentoml.api
     @answers_errors
@@ -141,10 +137,7 @@ class GraphSAGERunner:
         except (wire.WireError, FeatureTensorError) as exc:
             raise ApiError(400, f"bad FeatureTensor: {exc}") from exc
         loaded = await self._load(model)
-        try:
-            check_compatible(loaded, ft)
-        except IncompatibleInput as exc:
-            raise ApiError(422, str(exc)) from exc
+        check_compatible(loaded, ft)  # IncompatibleInput: 422
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding, loaded))
         labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
