@@ -190,6 +190,62 @@ def test_wait(backend):
     run(backend, body, n=2)
 
 
+def test_a_read_after_own_appends_scans_only_the_new_records(tmp_path, monkeypatch):
+    """A worker applies its own appends without reading them back: its next read must not
+    rescan the segment from its start (which grows to SEGMENT_BYTES)."""
+    log = update_log.FileUpdateLog(str(tmp_path))
+    scanned = []
+    real = update_log._records
+
+    def counting(*args, **kwargs):
+        for record in real(*args, **kwargs):
+            scanned.append(record[0])
+            yield record
+
+    async def body():
+        for i in range(200):
+            await log.append(ops(i), i)
+        assert seqs(await log.read(0, limit=1000)) == list(range(1, 201))  # the cursor at the end
+        for i in range(200, 203):
+            await log.append(ops(i), i)  # applied by the writer itself: the cursor stays at 201
+        monkeypatch.setattr(update_log, "_records", counting)
+        assert seqs(await log.read(202)) == [203]
+
+    asyncio.run(body())
+    assert scanned == [201, 202, 203], scanned[:10]
+
+
+def test_an_idle_wait_on_an_empty_file_log_does_not_list_the_directory_every_poll(tmp_path, monkeypatch):
+    """The poll is two stats on the loop; the directory is listed when something may have changed."""
+    log = update_log.FileUpdateLog(str(tmp_path))
+    listings = []
+    real = log._segments
+    monkeypatch.setattr(log, "_segments", lambda: listings.append(1) or real())
+    polls = []
+    real_sleep = asyncio.sleep
+
+    async def counted_sleep(delay, *args):
+        polls.append(delay)
+        await real_sleep(0)
+
+    async def body():
+        monkeypatch.setattr(update_log.asyncio, "sleep", counted_sleep)
+        try:
+            assert await log.wait(0, 0.0) is False
+            # polls until the deadline: bounded by the number of polls, not by time
+            waiter = asyncio.ensure_future(log.wait(0, 3600.0))
+            while len(polls) < 50:
+                await real_sleep(0)
+            other = update_log.FileUpdateLog(str(tmp_path))
+            await other.append(ops(0), 0)
+            assert await asyncio.wait_for(waiter, 10.0) is True
+        finally:
+            monkeypatch.setattr(update_log.asyncio, "sleep", real_sleep)
+
+    asyncio.run(body())
+    assert len(polls) >= 50 and len(listings) <= 4, (len(polls), len(listings))
+
+
 @with_cluster
 def test_trim_and_log_trimmed(backend):
     async def body(log, reader):

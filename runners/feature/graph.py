@@ -86,6 +86,7 @@ class LiveGraph:
             raise ValueError(f"graph capacity {self.capacity} is below the snapshot's {n} nodes")
         self.directed = snapshot.directed
         self.feature_dim = snapshot.feature_dim
+        self._num_classes = snapshot.num_classes  # a scan of the labels: once, not per labelled op
         self.sequence = snapshot.log_sequence  # the last update applied
         self.present = np.zeros(self.capacity, dtype=bool)
         self.present[:n] = snapshot.present_mask()
@@ -250,7 +251,7 @@ class LiveGraph:
     def _check_label(self, i: int, label: Any) -> None:
         if label is None:
             return
-        classes = self.base.num_classes
+        classes = self._num_classes
         if self.base.task == "multilabel":
             ok = isinstance(label, list) and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < classes
                                                  for c in label)

@@ -128,7 +128,10 @@ class GraphKeeper:
                 await self.catch_up()
                 await self._publish_status()
                 if not self._wake.is_set():
-                    await self.log.wait(self.graph.sequence, self.poll_interval_s)
+                    # Until the next status is due: the log's wait itself looks for new entries
+                    # every poll interval (cheaply), so an idle worker costs no round trip per poll.
+                    until_status = self._next_status - time.monotonic()
+                    await self.log.wait(self.graph.sequence, max(self.poll_interval_s, until_status))
                 self._wake.clear()
             except asyncio.CancelledError:
                 raise
@@ -169,7 +172,9 @@ class GraphKeeper:
                 await self._apply(entry)
                 applied += 1
 
-    async def _apply(self, entry: LogEntry) -> None:
+    async def _apply(self, entry: LogEntry, validated: bool = False) -> None:
+        """``validated``: the write path validated these ops against this graph, under the same
+        ``_applying``, just before appending them (no second validation)."""
         if entry.sequence != self.graph.sequence + 1:
             return  # applied already (by the write path, or an earlier read)
         if entry.ops and entry.ops[0].get("op") == SNAPSHOT_OP:
@@ -178,7 +183,8 @@ class GraphKeeper:
         async with self.lock:
             if entry.sequence != self.graph.sequence + 1:
                 return
-            self.graph.validate(entry.ops)  # the log holds only valid batches; a failure is a bug
+            if not validated:
+                self.graph.validate(entry.ops)  # the log holds only valid batches; a failure is a bug
             changed = self.graph.apply(entry.ops, entry.sequence)
             if changed:
                 self._on_rows_changed(np.fromiter(changed, np.int64, len(changed)))
@@ -213,7 +219,7 @@ class GraphKeeper:
                 except SequenceConflict:
                     await self._check_head()  # a log behind the graph would conflict forever
                     continue  # a writer elsewhere appended first: catch up, validate again
-                await self._apply(entry)
+                await self._apply(entry, validated=True)
                 return entry
 
     # -- read-your-writes ----------------------------------------------------------------------

@@ -351,7 +351,7 @@ class FileUpdateLog:
             c = self._cursor
             for _ in range(100):
                 if c is None or c.next_seq != want:
-                    c = self._seek(want)
+                    c = self._seek(want, c)
                     if c is None or c.next_seq != want:  # nothing that far yet
                         self._cursor = c
                         return out
@@ -375,18 +375,21 @@ class FileUpdateLog:
             self._cursor = c
         return out
 
-    def _seek(self, want: int) -> _Cursor | None:
-        """A cursor at the record ``want`` (or at the end of the log when it is further)."""
+    def _seek(self, want: int, near: _Cursor | None = None) -> _Cursor | None:
+        """A cursor at the record ``want`` (or at the end of the log when it is further). From
+        ``near`` when it is in the same segment before ``want`` (a worker whose own appends
+        moved it past its last read): the records in between, not the segment from its start,
+        which would make every read after an own append cost the whole segment."""
         segments = self._segments()
         if not segments:
             return None
         if want < segments[0]:
             raise LogTrimmed(f"entry {want} was trimmed; the oldest kept is {segments[0]}")
         first = max(s for s in segments if s <= want)
-        c = _Cursor(first, 0, first)
+        c = near if near is not None and near.first == first and near.next_seq <= want else _Cursor(first, 0, first)
         with open(self._path(first), "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            for seq, _, end in _records(f, 0, first, size, want - first):
+            for seq, _, end in _records(f, c.offset, c.next_seq, size, want - c.next_seq):
                 c = _Cursor(first, end, seq + 1)
         return c
 
@@ -532,8 +535,11 @@ class FileUpdateLog:
                     return False
                 await asyncio.sleep(min(POLL_S, remaining))
                 try:
-                    changed = (not t.first or os.stat(self._path(t.first)).st_size != t.end
-                               or os.path.exists(self._path(t.head + 1)) and t.head + 1 != t.first)
+                    if not t.first:  # no segment yet: the first append creates the head's successor
+                        changed = os.path.exists(self._path(t.head + 1))
+                    else:
+                        changed = (os.stat(self._path(t.first)).st_size != t.end
+                                   or os.path.exists(self._path(t.head + 1)) and t.head + 1 != t.first)
                 except OSError:
                     changed = True
                 if changed:
