@@ -147,5 +147,5 @@ class GraphUpdateAck(_Model):
 class CompactRequest(_Model):
     model_config = ConfigDict(extra="forbid")
 
-    upto: Annotated[StrictInt, Field(ge=0)] | None = Field(None, description="Fold the log up to this sequence "
+    upto: Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)] | None = Field(None, description="Fold the log up to this sequence "
                                                                              "(default: all of it).")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
+import shutil
 from typing import Iterator
 
 import pytest
@@ -34,14 +34,48 @@ class DemoStore:
     v2: str  # pool aggregator, trained on the same snapshot
 
 
+_demo_built: list[tuple[str, list[str]]] = []  # (home, its files as built): checked after each module
+
+
+def _store_listing(home: str) -> list[str]:
+    models = os.path.join(home, "models")
+    return sorted(os.path.relpath(os.path.join(d, f), models) for d, _, files in os.walk(models) for f in files)
+
+
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory) -> DemoStore:
     """One small trained model store (a 4,000-node graph, two versions) for every integration
-    module: read by the services, never written by a test."""
+    module: read by the services, never written. A module whose services may write a store (a
+    compaction saves a snapshot, and the fuzzers reach the compaction routes) serves a
+    ``private_store`` copy: a snapshot folded from one module's update log makes every later
+    FeatureRunner on a fresh log refuse to start."""
     from harness.app import build_demo_store
 
     home = str(tmp_path_factory.mktemp("demo-store") / "bentoml")
-    return DemoStore(home, *build_demo_store(home))
+    store = DemoStore(home, *build_demo_store(home))
+    _demo_built.append((home, _store_listing(home)))
+    return store
+
+
+def private_store(demo_store: DemoStore, root) -> str:
+    """A copy of the demo store's models under ``root`` (its BentoML home): for services that may
+    write the store."""
+    home = os.path.join(str(root), "bentoml")
+    shutil.copytree(os.path.join(demo_store.home, "models"), os.path.join(home, "models"))
+    return home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def demo_store_stays_as_built(request) -> Iterator[None]:
+    """Fails the module whose run changed the shared demo store (it must use ``private_store``)."""
+    before = _store_listing(_demo_built[0][0]) if _demo_built else None
+    yield
+    if _demo_built:
+        home, as_built = _demo_built[0]
+        after, baseline = _store_listing(home), as_built if before is None else before
+        if after != baseline:
+            changed = sorted(set(after) ^ set(baseline))[:5]
+            pytest.fail(f"{request.module.__name__} changed the shared demo store ({changed}): serve a private_store")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from common import wire
 from common.feature_tensor import PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from harness.app import SplitApp, answers_under_load, free_port
-from tests.conftest import bentoml_home
+from tests.conftest import bentoml_home, private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, demo_store):
     root = tmp_path_factory.mktemp("e2e")
-    home, v1, v2 = demo_store.home, demo_store.v1, demo_store.v2
+    # Its own store: the fuzzer reaches /admin/graph/compact, which saves a snapshot.
+    home, v1, v2 = private_store(demo_store, root), demo_store.v1, demo_store.v2
     keys = {"predict": generate_key(), "admin": generate_key(), "noscope": generate_key()}
     write_entries(str(root / "keys.json"), [
         KeyEntry("client", hash_key(keys["predict"]), frozenset({"predict"})),

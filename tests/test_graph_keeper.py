@@ -170,6 +170,10 @@ def test_replay_is_the_living_graph_for_training(tmp_path, model_store):
         assert graph.sequence == 1 and 500 in graph.neighbours(7).tolist()
         result = await compact(tag, k.log, announce=False)
         assert "announced_at" not in result and await k.log.head() == 1
+        # A compaction up to a sequence the log never issued is the caller's error, and saves nothing.
+        with pytest.raises(NeverIssued, match="upto 2 was never issued: the update log's head is 1"):
+            await k.compact(upto=2)
+        assert k.last_compaction is None
         await k.close()
 
     asyncio.run(main())

@@ -16,6 +16,7 @@ import pytest
 
 from common.service_auth import OPEN_PATHS
 from harness.app import Service, free_port
+from tests.conftest import private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,7 +52,8 @@ def runners(demo_store, tmp_path_factory):
     root = tmp_path_factory.mktemp("hops")
     token_file = root / "tokens"
     token_file.write_text(f"{OLD}\n{NEW}\n")
-    base = {**os.environ, "BENTOML_HOME": demo_store.home, "BENTOML_DO_NOT_TRACK": "true",
+    # Its own store: the fuzzer reaches the FeatureRunner's graph_compact, which saves a snapshot.
+    base = {**os.environ, "BENTOML_HOME": private_store(demo_store, root), "BENTOML_DO_NOT_TRACK": "true",
             "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0"}
     base.pop("GSAGE_SERVICE_TOKENS", None)
     model = Service("GraphSAGERunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS_FILE": str(token_file)},

@@ -35,7 +35,9 @@ def _wait(predicate, timeout_s: float = 20.0, what: str = "condition"):
 def test_a_sigtermed_feature_runner_flushes_its_buffered_write_back(demo_store, redis_standalone, tmp_path):
     env = _env(demo_store, GSAGE_REDIS_URL=redis_standalone.url,
                GSAGE_L2_WRITE_DELAY_MS="600000", GSAGE_L2_WRITE_BATCH_ROWS="1000000",  # held back until the end
-               GSAGE_SCAN_MIN_TARGETS="0")
+               GSAGE_SCAN_MIN_TARGETS="0",
+               # The update log on disk: Redis then holds the feature rows only, which the test counts.
+               GSAGE_GRAPH_LOG="file", GSAGE_GRAPH_LOG_DIR=str(tmp_path / "update-log"))
     model = Service("GraphSAGERunner", free_port(), env, log_dir=str(tmp_path))
     feature = Service("FeatureRunner", free_port(), env, depends={"GraphSAGERunner": model.url}, log_dir=str(tmp_path))
     headers = service_headers(env)

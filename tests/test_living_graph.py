@@ -5,8 +5,6 @@ mirror of the graph in this process that computes what the answers must be."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import threading
 import time
 
@@ -21,7 +19,7 @@ from harness.redis_servers import RedisServer, redis_available
 from runners.feature.graph import LiveGraph
 from runners.feature.sampling import sample_tree
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
-from tests.conftest import bentoml_home
+from tests.conftest import bentoml_home, private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED = 4242
@@ -62,19 +60,12 @@ class Mirror:
         return self.snapshot.feature_dim
 
 
-def own_store(demo_store, root) -> str:
-    """A copy of the demo store: compactions here write snapshots that no other module may see."""
-    home = os.path.join(str(root), "bentoml")
-    shutil.copytree(os.path.join(demo_store.home, "models"), os.path.join(home, "models"))
-    return home
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, demo_store):
     if not redis_available():
         pytest.skip("redis-server not installed")
     root = tmp_path_factory.mktemp("living")
-    home = own_store(demo_store, root)
+    home = private_store(demo_store, root)
     keys = {scope: generate_key() for scope in ("predict", "graph", "admin")}
     write_entries(str(root / "keys.json"), [KeyEntry(s, hash_key(k), frozenset({s})) for s, k in keys.items()])
     redis = RedisServer(str(root / "redis")).start()
@@ -359,7 +350,7 @@ def redis_log_app(env, tmp_path_factory):
     settings_env = {**env["settings"], "GSAGE_REDIS_URL": redis.url, "GSAGE_GRAPH_LOG": "redis",
                     "GSAGE_FEATURE_WORKERS": "1", "GSAGE_GRPC_PORT": "0"}
     settings_env.pop("GSAGE_GRAPH_LOG_DIR")
-    app = SplitApp(own_store(env["demo_store"], root), settings_env, log_dir=str(root))
+    app = SplitApp(private_store(env["demo_store"], root), settings_env, log_dir=str(root))
     try:
         app.start()
         yield app, redis, app.env["BENTOML_HOME"]

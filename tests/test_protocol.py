@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
-from services.protocol import MAX_NODE_ID, PredictRequest
+from services.protocol import MAX_NODE_ID, CompactRequest, PredictRequest
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=10),
@@ -49,3 +49,11 @@ def test_nan_and_infinity_are_rejected_from_json():
         with pytest.raises(ValidationError):
             PredictRequest.model_validate_json(raw)
     assert PredictRequest.model_validate_json(json.dumps({"node_ids": [0, 0]})).node_ids == [0, 0]
+
+
+@pytest.mark.parametrize("upto", [-1, 2**63, 1.0, "1", True])
+def test_a_compaction_bound_outside_the_logs_sequences_is_refused(upto):
+    # 2**63 and above would reach the runner call's JSON encoder, which has no such integers.
+    with pytest.raises(ValidationError):
+        CompactRequest.model_validate({"upto": upto})
+    assert CompactRequest.model_validate({"upto": MAX_NODE_ID}).upto == MAX_NODE_ID

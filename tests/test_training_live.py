@@ -4,21 +4,18 @@ log) folded into a new snapshot, and a model trained on it, from the command lin
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 
 import pytest
 
 from harness.app import run_export
 from runners.feature.update_log import FileUpdateLog
-from tests.conftest import bentoml_home
+from tests.conftest import bentoml_home, private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_compact_and_train_on_the_living_graph(demo_store, tmp_path, monkeypatch):
-    home = str(tmp_path / "bentoml")
-    shutil.copytree(os.path.join(demo_store.home, "models"), os.path.join(home, "models"))
+    home = private_store(demo_store, tmp_path)
     log_dir = str(tmp_path / "log")
     monkeypatch.setenv("GSAGE_GRAPH_LOG_DIR", log_dir)
     monkeypatch.setenv("GSAGE_GRAPH_LOG", "file")

@@ -269,6 +269,8 @@ class GraphKeeper:
 
     async def compact(self, upto: int | None = None) -> dict[str, Any]:
         """Fold the log into a new snapshot and tell every worker to serve it (``_snapshot``)."""
+        if upto is not None and upto > (head := await self.log.head()):
+            raise NeverIssued(f"upto {upto} was never issued: the update log's head is {head}")
         result = await compact(self.graph.base.tag, self.log, upto, self.capacity or self.graph.capacity)
         self.last_compaction = result
         return result
