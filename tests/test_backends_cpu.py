@@ -9,6 +9,7 @@ guard's refusal, and a clear error for a backend whose package is missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -21,19 +22,32 @@ from common.feature_tensor import FeatureTensor, decode, encode
 from runners.graphsage.backends import BackendUnavailable, LoadCheckError, load_backend
 from runners.graphsage.inference import ModelRegistry, run_batch
 from runners.graphsage.model_artifacts import INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, PROBE_FILE, load_artifacts
-from runners.graphsage.model_config import AGGREGATORS
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
 from tests.graphs import small_graph
 from tests.test_inference import (TOL, as_premean, assert_close_same_argmax, feature_tensor, loaded_item, pyg_forward,
                                   trained)
 from training_export import quantize
 from training_export.export import export_all, export_and_verify, parity_targets, to_dense
+from training_export.train import TrainSpec, train_graphsage
 
 pytest.importorskip("openvino")  # the dev extra installs it; the serving image may not
 FP32_BACKENDS = ("onnx", "openvino", "torch")
 
 
-def save(aggregator: str, int8: bool = False, **int8_options) -> str:
-    model, metrics = trained(aggregator)
+@functools.lru_cache(maxsize=None)
+def learned_mean() -> tuple:
+    """A mean model that learned the labels, unlike ``trained``'s one-epoch model (whose classes
+    score near chance): INT8 and FP32 agreeing on the top class means something only where the
+    top class stands out; on near-equal probabilities it depends on the CPU's INT8 kernels."""
+    g = small_graph()
+    cfg = ModelConfig(in_dim=g.feature_dim, hidden_dim=16, num_classes=g.num_classes, aggregator="mean")
+    model, metrics = train_graphsage(g, cfg, TrainSpec(epochs=4, lr=0.01, eval_nodes=300), progress=False)
+    assert metrics["val_score"] > 3 / g.num_classes, metrics  # well above chance
+    return model.eval(), metrics
+
+
+def save(aggregator: str, int8: bool = False, learned: bool = False, **int8_options) -> str:
+    model, metrics = learned_mean() if learned else trained(aggregator)
     tag, parity = export_and_verify(model, small_graph(), metrics, parity_count=32, int8=int8,
                                     int8_options=int8_options or None)
     assert parity["passed"], parity
@@ -71,7 +85,7 @@ def test_every_cpu_backend_reproduces_pyg_at_fp32(model_store, aggregator):
 
 def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(model_store):
     g = small_graph()
-    tag = save("mean", int8=True)
+    tag = save("mean", int8=True, learned=True)
     art = load_artifacts(tag)
     meta = art.metadata["int8"]
     assert meta["stored"] and meta["guard_points"] == quantize.GUARD_POINTS and meta["metric"] == "accuracy"
@@ -80,13 +94,17 @@ def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(mod
     for name in (INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, PROBE_FILE):
         assert os.path.exists(os.path.join(art.path, name)), name
     assert set(meta["runtimes"]) == {"onnx", "openvino"}
+    # Whether a runtime's INT8 kernels keep the accuracy depends on the CPU (its INT8 instructions):
+    # the guard decides per runtime; the one that failed serves FP32. ONNX Runtime's passed on
+    # every CPU tried; the test needs one INT8 path to serve.
+    passed = {runtime for runtime, fig in meta["runtimes"].items() if fig["passed"]}
+    assert "onnx" in passed, meta["runtimes"]
     for runtime, fig in meta["runtimes"].items():
-        assert fig["passed"], (runtime, fig)
         for prefix in ("", "premean_"):  # both graphs measured
-            assert fig[f"{prefix}points_lost"] <= quantize.GUARD_POINTS
+            assert (fig[f"{prefix}points_lost"] <= quantize.GUARD_POINTS) == fig["passed"], (runtime, fig)
             assert abs(100 * (fig[f"{prefix}fp32_val_score"] - fig[f"{prefix}int8_val_score"])
                        - fig[f"{prefix}points_lost"]) < 1e-2
-            assert 0 < fig[f"{prefix}max_prob_diff"] < 0.2  # really quantised, not broken
+            assert fig[f"{prefix}max_prob_diff"] > 0  # really quantised
     assert meta["bytes"]["levels"]["int8"] < meta["bytes"]["levels"]["fp32"]
 
     ft, _ = feature_tensor(parity_targets(g, 64, seed=9), seed=3)
@@ -95,14 +113,19 @@ def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(mod
     for kind in ("onnx", "openvino"):
         registry = ModelRegistry(kind, 1, "int8")
         loaded = registry.load(tag)
-        assert loaded.describe()["precision"] == "int8"
-        assert loaded.describe()["load_check"]["levels_max_prob_diff_vs_export"] <= 1e-3
+        precision = "int8" if kind in passed else "fp32"
+        assert loaded.describe()["precision"] == precision
+        if kind in passed:
+            assert loaded.describe()["load_check"]["levels_max_prob_diff_vs_export"] <= 1e-3
         for tensor in (ft, as_premean(ft, seed=3)):
             (out,) = run_batch(registry, [loaded_item(registry, tag, tensor)])
-            assert out["precision"] == "int8" and out["backend"].startswith(kind)
-            diff = np.abs(out["probs"] - want["probs"]).max()
-            assert 0 < diff < 0.2, diff
-            assert (out["probs"].argmax(1) == want["probs"].argmax(1)).mean() >= 0.9
+            assert out["precision"] == precision and out["backend"].startswith(kind)
+            if kind in passed:
+                diff = np.abs(out["probs"] - want["probs"]).max()
+                assert 0 < diff < 0.2, diff
+                assert (out["probs"].argmax(1) == want["probs"].argmax(1)).mean() >= 0.9
+            else:
+                np.testing.assert_allclose(out["probs"], want["probs"], atol=1e-4)
     # torch serves FP32 only: asked for INT8, it serves FP32 and says so
     registry = ModelRegistry("torch", 1, "int8")
     (out,) = run_batch(registry, [loaded_item(registry, tag, ft)])
