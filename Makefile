@@ -51,11 +51,28 @@ clean:
 # make containerize [BENTO=tag]                      bentoml containerize, or the context
 # make split-up / split-status / split-down          the bento's services as separate processes
 # make validate-k8s                                  bentos/k8s/*.yaml against the k8s schema
+# make base-image                                    the local Debian base (no registry needed)
+# make image [MODELS=...] [IMAGE=...]                the release image: bento + bentoml containerize
+# make image-torch [TORCH_WHEELS=DIR]                the same with torch (training, torch backend)
+# make image-gpu                                     the GPU image (its CUDA base from a registry)
+# make test-image                                    the image's three containers end to end
 BENTO ?= graphsage-serving:latest
 MODELS ?=
 K8S_MANIFESTS := $(filter-out %/kustomization.yaml,$(wildcard bentos/k8s/*.yaml bentos/k8s/*/*.yaml))
+# The names the Kubernetes manifests use (bentos/k8s/*.yaml; kustomize sets the registry).
+IMAGE ?= graphsage-serving:release
+TORCH_IMAGE ?= graphsage-serving-torch:release
+GPU_IMAGE ?= graphsage-serving-gpu:release
+# docker.base_image of the CPU images: the local Debian base (make base-image) where no registry
+# is reachable; BASE_IMAGE= (empty) builds on BentoML's own python:3.11-slim instead.
+BASE_IMAGE ?= localhost/graphsage-base:bookworm
+# auto: docker where its daemon answers, else buildah, else podman.
+IMAGE_BACKEND ?= auto
+# A directory with the CPU torch wheel, where the PyTorch index is unreachable (image-torch).
+TORCH_WHEELS ?=
 
 .PHONY: bento bento-gpu bento-context containerize split-up split-status split-down validate-k8s test-release
+.PHONY: base-image image image-torch image-gpu test-image
 
 bento: install
 	$(PY) -m bentos.release build $(foreach m,$(MODELS),--model $(m))
@@ -84,3 +101,30 @@ validate-k8s: install
 
 test-release: install
 	$(PY) -m pytest tests/test_release.py
+
+base-image:
+	@case "$(BASE_IMAGE)" in \
+	  localhost/*) bash bentos/base_image.sh "$(BASE_IMAGE)" ;; \
+	  "") echo "no base image: BentoML's python:3.11-slim, pulled by the build" ;; \
+	  *) echo "base image $(BASE_IMAGE): pulled from its registry by the build" ;; \
+	esac
+
+# The bento (models pinned from $$BENTOML_HOME, the demo one unless MODELS says), then BentoML's
+# containerize; tagged $(IMAGE) and with the bento's own tag.
+image: demo-model base-image
+	@set -e; tag=$$($(PY) -m bentos.release build $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+	  $(foreach m,$(MODELS),--model $(m))); \
+	$(PY) -m bentos.release image "$$tag" -t $(IMAGE) -t "$$tag" --backend $(IMAGE_BACKEND)
+
+image-torch: demo-model base-image
+	@set -e; tag=$$($(PY) -m bentos.release build --torch $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
+	  $(if $(TORCH_WHEELS),--no-extra-index) $(foreach m,$(MODELS),--model $(m))); \
+	$(PY) -m bentos.release image "$$tag" -t $(TORCH_IMAGE) -t "$$tag" --backend $(IMAGE_BACKEND) \
+	  $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
+
+image-gpu: demo-model
+	@set -e; tag=$$($(PY) -m bentos.release build --gpu $(foreach m,$(MODELS),--model $(m))); \
+	$(PY) -m bentos.release image "$$tag" -t $(GPU_IMAGE) -t "$$tag" --backend $(IMAGE_BACKEND)
+
+test-image: install
+	GRAPHSAGE_TEST_IMAGE=$(IMAGE) $(PY) -m pytest tests/test_image.py

@@ -208,9 +208,14 @@ def test_k8s_wiring():
     assert {p["containerPort"] for p in gateway["ports"]} == {3000, 50051}
     config = by[("ConfigMap", "graphsage-config")]["data"]
     mounts = {m["name"]: m for m in gateway["volumeMounts"]}
-    assert config["GSAGE_ROUTING_FILE"].startswith(mounts["routing"]["mountPath"] + "/")
+    # The routing and API-key files are the gateway's own: the runners mount neither, and a path
+    # in the shared ConfigMap that a pod does not mount would stop its start.
+    own_env = {e["name"]: e["value"] for e in gateway["env"]}
+    assert own_env["GSAGE_ROUTING_FILE"].startswith(mounts["routing"]["mountPath"] + "/")
     assert "subPath" not in mounts["routing"]  # subPath mounts never see ConfigMap updates
-    assert config["GSAGE_API_KEYS_FILE"].startswith(mounts["api-keys"]["mountPath"] + "/")
+    assert own_env["GSAGE_AUTH_ENABLED"] == "true"
+    assert own_env["GSAGE_API_KEYS_FILE"].startswith(mounts["api-keys"]["mountPath"] + "/")
+    assert not {"GSAGE_ROUTING_FILE", "GSAGE_API_KEYS_FILE", "GSAGE_AUTH_ENABLED"} & set(config)
     depends = {"feature-runner": ["GraphSAGERunner=http://graphsage-runner:3000"], "graphsage-runner": []}
     for name, service in (("feature-runner", "FeatureRunner"), ("graphsage-runner", "GraphSAGERunner")):
         c = by[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]

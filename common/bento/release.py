@@ -41,6 +41,38 @@ def containerfile(bento: Any, enable_buildkit: bool = True) -> Iterator[tuple[st
         os.chdir(prev)
 
 
+def containerize(bento_tag: str, backend: str, image_tags: tuple[str, ...], **options: Any) -> bool:
+    """``bentoml containerize`` in this process: ``bentoml.container.build``, the function the
+    CLI calls, with the backend's options as keyword arguments (``isolation="chroot"``,
+    ``layers=True``, ...). Returns whether the image was built.
+
+    Called rather than the CLI because the CLI's ``--opt volume=...`` joins repeated values into
+    one argument (``buildah``/``podman`` ``construct_build_args``: ``":".join(volume)``); a list
+    is passed through as one ``--volume`` per mount. Run from the temporary directory's parent
+    for the ``dockerfile_template`` check (see ``containerfile``). The builder's output, which
+    BentoML logs line by line, goes to stderr."""
+    import logging
+    import sys
+
+    import bentoml
+
+    log = logging.getLogger("bentoml._internal.container")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    previous_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    prev = os.getcwd()
+    os.chdir(tempfile.gettempdir())
+    try:
+        # build() logs a failure and returns None; success returns the builder's output.
+        return bentoml.container.build(bento_tag, backend=backend, image_tag=image_tags, **options) is not None
+    finally:
+        os.chdir(prev)
+        log.removeHandler(handler)
+        log.setLevel(previous_level)
+
+
 def backend_available(backend: str) -> bool:
     """Does BentoML's container backend ``backend`` (docker, buildah, podman, ...) answer here?"""
     from bentoml._internal.container import get_backend
