@@ -55,6 +55,9 @@ class FeatureTensor:
     last_rows: np.ndarray | None = None
     last_mean: np.ndarray | None = None
     last_fanout: int = 0
+    # The node id of each row, where the tensor was built (the FeatureRunner: an explained answer
+    # names its neighbours). Never encoded: the model needs rows, not ids.
+    node_ids: np.ndarray | None = None
 
     @property
     def layout(self) -> str:

@@ -1,8 +1,8 @@
 """The body of ``FeatureRunner.predict``: call options + the node ids (and per-node seeds) as
 int64 arrays, one raw ``application/octet-stream`` body.
 
-``wire.envelope({"model", "embedding", "dtype", "fanout", "seed"}, wire.pack({"node_ids"[,
-"seeds"]}))``. Keyword arguments through BentoML's client were pickled and written in chunks, a
+``wire.envelope({"model", "embedding", "dtype", "fanout", "seed"[, "min_sequence", "explain"]},
+wire.pack({"node_ids"[, "seeds"]}))``. Keyword arguments through BentoML's client were pickled and written in chunks, a
 visible share of the gateway's busy time on bulk requests (the ``gateway_bulk256`` py-spy
 profile of ``python -m bench.suite``), and the runner validated two 256-int JSON lists with
 pydantic.
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from common import wire
+from common.errors import KindOfError
 
 
 def random_seed() -> int:
@@ -29,19 +30,39 @@ def random_seed() -> int:
 NOT_YET_APPLIED = 425
 
 
+# The explanation's arrays beside the answer's (``common.wire``), first axis the targets.
+EXPLANATION_ARRAYS = ("explain_hop1", "explain_hop2", "explain_classes", "explain_influence")
+
+
+class ExplainTooLarge(KindOfError):
+    """More node ids than one explained request may carry (``GSAGE_EXPLAIN_MAX_NODES``)."""
+
+    status_code = 413
+
+
+def check_explain_size(nodes: int, limit: int) -> None:
+    """Raise ``ExplainTooLarge`` naming the limit when ``nodes`` is over it."""
+    if nodes > limit:
+        raise ExplainTooLarge(f"explain: {nodes} node ids in one request; at most {limit} per explained request "
+                              f"(GSAGE_EXPLAIN_MAX_NODES): each costs one more tree per hop-1 neighbour")
+
+
 class BadPredictRequest(ValueError):
     """A body that is not a well-formed predict request."""
 
 
 def encode(node_ids: Sequence[int], seeds: Sequence[int], fanout: Sequence[int] | None, model: str,
-           embedding: bool, dtype: str, min_sequence: int = 0) -> bytes:
+           embedding: bool, dtype: str, min_sequence: int = 0, explain: bool = False) -> bytes:
     """One seed for all nodes travels in the options (the common case: one client request).
-    ``min_sequence``: answer only once this graph update is applied (0: now)."""
+    ``min_sequence``: answer only once this graph update is applied (0: now). ``explain``: also
+    the neighbourhood and each hop-1 neighbour's influence (``runners.feature.explain``)."""
     arrays = {"node_ids": np.asarray(node_ids, dtype=np.int64)}
     options: dict[str, Any] = {"model": model, "embedding": embedding, "dtype": dtype,
                                "fanout": list(fanout) if fanout is not None else None, "seed": None}
     if min_sequence:
         options["min_sequence"] = int(min_sequence)
+    if explain:
+        options["explain"] = True
     if len(set(seeds)) == 1:
         options["seed"] = int(seeds[0])
     else:
@@ -67,4 +88,6 @@ def decode(body: bytes | bytearray | memoryview) -> tuple[dict[str, Any], np.nda
     min_sequence = options.get("min_sequence", 0)
     if not isinstance(min_sequence, int) or isinstance(min_sequence, bool) or min_sequence < 0:
         raise BadPredictRequest("options: min_sequence must be an integer >= 0")
+    if not isinstance(options.get("explain", False), bool):
+        raise BadPredictRequest("options: explain must be a bool")
     return options, ids, seeds

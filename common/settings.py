@@ -74,6 +74,9 @@ class SamplingSection(BaseModel):
     fanout: Annotated[tuple[Annotated[int, Field(ge=1, le=1024)], ...], NoDecode, BeforeValidator(_split)] = Field(
         (25, 10), min_length=1, max_length=8, description="maximum fanout per hop (a request may ask for less)")
     max_nodes_per_request: Count = Field(1024, description="node ids in one client request (413 above)")
+    explain_max_nodes: Count = Field(
+        16, description="node ids in one request with `explain` (413 above): each adds a tree per hop-1 neighbour "
+                        "to the forward pass")
 
 
 class FeatureCacheSection(BaseModel):
@@ -174,6 +177,18 @@ class GatewaySection(BaseModel):
     grpc_port: Annotated[int, Field(ge=0, le=65535)] = Field(50051, description="gRPC port (0: off)")
 
 
+class ShadowSection(BaseModel):
+    shadow_queue_size: Count = Field(
+        1024, description="requests waiting for their shadow call, per gateway worker; more are dropped and counted")
+    shadow_max_inflight: Count = Field(
+        1, description="shadow calls in flight per gateway worker (each takes every request waiting, up to "
+                       "`GSAGE_COALESCE_MAX_NODES` nodes)")
+    shadow_timeout_s: Positive = Field(2.0, description="deadline of one shadow call (a failure counts for the shadow only)")
+    shadow_stats_dir: str = Field(
+        "", description="where each gateway worker writes its shadow figures, for `GET /admin/shadow` and the routing "
+                        "CLI to add up (empty: `<routing file>.shadow` beside a routing file, else per worker)")
+
+
 class SecuritySection(BaseModel):
     tls_cert_file: FilePath = Field("", description="TLS certificate (PEM) for the gateway's HTTP and gRPC")
     tls_key_file: FilePath = Field("", description="its private key (PEM); both or neither")
@@ -191,7 +206,8 @@ class SecuritySection(BaseModel):
 
 
 SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, FeatureCacheSection, LiveGraphSection,
-                                         ModelRunnerSection, ServingSection, GatewaySection, SecuritySection)
+                                         ModelRunnerSection, ServingSection, GatewaySection, ShadowSection,
+                                         SecuritySection)
 
 
 class _MappingEnv(EnvSettingsSource):
@@ -205,7 +221,7 @@ class _MappingEnv(EnvSettingsSource):
         return {k.lower(): v for k, v in self._env.items()}
 
 
-class Settings(SecuritySection, GatewaySection, ServingSection, ModelRunnerSection, LiveGraphSection,
+class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, ModelRunnerSection, LiveGraphSection,
                FeatureCacheSection, SamplingSection, ModelStoreSection, BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="forbid", frozen=True)
 

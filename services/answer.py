@@ -8,6 +8,9 @@ to protobuf, or to the pydantic model where a caller wants objects.
 
 Degraded answers carry, per node, either the node's last answer (``stale``) or nothing
 (``known`` False): null label and score, empty probabilities.
+
+An explained answer also carries the FeatureRunner's explanation arrays
+(``runners.feature.explain.Explanation.arrays``), rendered per node as ``protocol.Explanation``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from common.predict_request import EXPLANATION_ARRAYS
 from services.protocol import PredictResponse
 
 MULTILABEL_THRESHOLD = 0.5
@@ -38,6 +42,7 @@ class Answer:
     degraded_reason: str | None = None
     known: np.ndarray | None = None  # [n] bool; None: every node has an answer
     stale: bool = False  # the known rows are earlier answers (degraded mode)
+    explanation: dict[str, np.ndarray] | None = None  # explain_hop1 [n, k1], explain_hop2, ... (explain)
 
     def nodes(self) -> Iterator[dict[str, Any]]:
         """One dict per node in ``NodePrediction``'s field order; arrays stay numpy rows."""
@@ -52,7 +57,7 @@ class Answer:
                        "embedding": None, "stale": False}
                 continue
             row = probs[i]
-            yield {
+            out = {
                 "node_id": node,
                 "label": None if self.multilabel else labels[i],
                 "labels": np.flatnonzero(row >= MULTILABEL_THRESHOLD).tolist() if self.multilabel else None,
@@ -61,10 +66,13 @@ class Answer:
                 "embedding": emb[i] if emb is not None else None,
                 "stale": self.stale,
             }
+            if self.explanation is not None:  # absent from a plain answer (the schema's default)
+                out["explanation"] = explanation_of(self.explanation, i)
+            yield out
 
     def to_json(self) -> bytes:
         if self.multilabel or self.known is not None or not isinstance(self.embedding, (np.ndarray, type(None))) \
-                or self.probs.shape[0] < COLUMNS_MIN_NODES or self.probs.shape[1] == 0:
+                or self.probs.shape[0] < COLUMNS_MIN_NODES or self.probs.shape[1] == 0 or self.explanation is not None:
             return self._json_per_node()
         return self._json_columns()
 
@@ -95,7 +103,8 @@ class Answer:
         return head[:-1] + b',"predictions":[' + nodes + b"]}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values, the same as ``to_response().model_dump()``."""
+        """Plain Python values, the same as ``to_response().model_dump(exclude_unset=True)``
+        (a plain answer has no ``explanation`` key)."""
         return orjson.loads(self.to_json())
 
     def to_response(self) -> PredictResponse:
@@ -108,8 +117,23 @@ def _row_fragments(a: np.ndarray) -> list[bytes]:
     return body[2:-2].split(b"],[")
 
 
+def explanation_of(arrays: dict[str, np.ndarray], i: int) -> dict[str, Any]:
+    """Node ``i``'s ``protocol.Explanation`` from the explanation arrays: the real slots, in
+    order (the sampler fills slots in order, so the empty ones are the last)."""
+    hop1, hop2, influence = arrays["explain_hop1"][i], arrays["explain_hop2"][i], arrays["explain_influence"][i]
+    neighbours = []
+    for j in np.flatnonzero(hop1 >= 0).tolist():
+        second = hop2[j][hop2[j] >= 0]
+        neighbours.append({"node_id": int(hop1[j]), "influence": influence[j], "hop2": second,
+                           "hop2_empty": int(hop2.shape[1] - second.size)})
+    return {"classes": arrays["explain_classes"][i], "neighbours": neighbours,
+            "empty_slots": int(hop1.size - len(neighbours))}
+
+
 def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Answer:
-    """The model runner's answer (``common.wire`` arrays + meta) for ``node_ids``."""
+    """The model runner's answer (``common.wire`` arrays + meta) for ``node_ids``, with the
+    FeatureRunner's explanation when it sent one."""
+    explanation = {k: arrays[k] for k in EXPLANATION_ARRAYS} if EXPLANATION_ARRAYS[0] in arrays else None
     return Answer(meta["model"], node_ids, arrays["probs"], meta.get("task") == "multilabel",
-                  arrays.get("embedding"))
+                  arrays.get("embedding"), explanation=explanation)
 

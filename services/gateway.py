@@ -3,7 +3,8 @@ front ends over one prediction core; the runners are composed with ``bentoml.dep
 in their own processes.
 
 HTTP surface: ``POST /predict``, ``POST /admin/routing`` (both in the OpenAPI document at
-``/docs.json``), ``GET /models`` (a plain route: BentoML APIs are POST); Prometheus at ``/metrics``. Auth, rate limits, media types and body size are
+``/docs.json``), ``GET /models`` and ``GET /admin/shadow`` (plain routes: BentoML APIs are POST);
+Prometheus at ``/metrics``. Auth, rate limits, media types and body size are
 checked by ``services.http_guard`` before a handler runs.
 """
 
@@ -39,10 +40,11 @@ from runners.graphsage.service import GraphSAGERunner
 from services.access import gateway_access
 from services.answer import Answer
 from services.http_guard import HttpGuard
-from services.metrics import gateway_metrics
+from services.metrics import ShadowPrometheus, gateway_metrics
 from services.prediction import PredictionCore, StaleAnswers
 from services.protocol import CompactRequest, GraphUpdate, GraphUpdateAck, PredictRequest, PredictResponse, RoutingChange
-from services.routing import RoutingTable
+from services.routing import RoutingTable, normalise_version
+from services.shadow import PromotionBar, ShadowCanary, require_agreement, stats_dir, worker_stats_path
 
 prepare_service_module()  # timeout fix, quiet client errors, the shared service token
 
@@ -78,10 +80,17 @@ class Gateway:
                              retry_pauses_s=cfg.connection_retry_pauses_s)
         self.model = connect(type(self).model_runner, tokens, timeout_s=cfg.runner_timeout_s,
                              retry_pauses_s=cfg.connection_retry_pauses_s)
+        feature_predict = lambda **kw: self.feature.call_bytes(  # noqa: E731
+            "predict", predict_request.encode(dtype=cfg.feature_transport_dtype, **kw))
+        self.shadow = ShadowCanary(
+            self.routing.shadow_for, feature_predict, queue_size=cfg.shadow_queue_size,
+            max_inflight=cfg.shadow_max_inflight, max_nodes=cfg.coalesce_max_nodes, timeout_s=cfg.shadow_timeout_s,
+            breaker=CircuitBreaker.from_settings("shadow", cfg),
+            stats_path=worker_stats_path(stats_dir(cfg.shadow_stats_dir, cfg.routing_file)),
+            flush_interval_s=cfg.routing_poll_interval_s, observer=ShadowPrometheus())
         self.core = PredictionCore(
             self.routing,
-            lambda **kw: self.feature.call_bytes(
-                "predict", predict_request.encode(dtype=cfg.feature_transport_dtype, **kw)),
+            feature_predict,
             CircuitBreaker.from_settings("feature-runner", cfg),
             CircuitBreaker.from_settings("model-runner", cfg),
             cfg.runner_timeout_s,
@@ -90,6 +99,7 @@ class Gateway:
             max_inflight=cfg.coalesce_max_inflight,
             overlap_ratio=cfg.coalesce_overlap_ratio,
             min_sequence_wait_s=cfg.min_sequence_wait_s,
+            shadow=self.shadow,
         )
         self._next_reload = 0.0
         self.grpc_server: Any = None
@@ -115,6 +125,7 @@ class Gateway:
         the rate limiter's Redis connection."""
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace=1.0)
+        await self.shadow.aclose()
         await self.feature.close()
         await self.model.close()
         limiter = gateway_access()[1]
@@ -135,6 +146,8 @@ class Gateway:
         self.reload_files()
         if len(req.node_ids) > self.settings.max_nodes_per_request:
             raise ApiError(413, f"{len(req.node_ids)} node ids; at most {self.settings.max_nodes_per_request} per request")
+        if req.explain:
+            check_explain_size(len(req.node_ids), self.settings.explain_max_nodes)  # ExplainTooLarge: 413
         started = time.perf_counter()
         try:
             response = await self.core.predict(req)
@@ -158,7 +171,8 @@ class Gateway:
     @answers_errors
     async def predict(self, **params: Any) -> PredictResponse:
         """Per-node predictions for ``node_ids``: label, score, probabilities, the exact
-        ``graphsage:<version>`` that answered, and ``degraded`` when features were unavailable."""
+        ``graphsage:<version>`` that answered, and ``degraded`` when features were unavailable;
+        with ``explain``, each node's sampled neighbourhood and its neighbours' influence."""
         # Rendered here, not by BentoML: the declared PredictResponse documents the shape.
         return Response((await self.run_predict(PredictRequest(**params))).to_json(), media_type=JSON)
 
@@ -227,8 +241,9 @@ class Gateway:
     @bentoml.api(route="/admin/routing", input_spec=RoutingChange, output_spec=None)
     @answers_errors
     async def admin_routing(self, **params: Any) -> dict:
-        """Set weights, promote or roll back (scope ``admin``). Every gateway worker sees the
-        change within ~1 s; the model runner pre-loads the versions now in use."""
+        """Set weights, promote (optionally behind a shadow agreement bar: 409 under it), roll
+        back, set or clear a shadow (scope ``admin``). Every gateway worker sees the change within
+        ~1 s; the model runner pre-loads the versions now in use, shadows included."""
         try:
             self.apply_routing_change(RoutingChange(**params))  # a RoutingError is an ApiError already
         except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
@@ -249,13 +264,34 @@ class Gateway:
         elif change.action == "promote":
             if not change.version:
                 raise ApiError(400, "promote needs a version")
+            if change.min_agreement is not None or change.min_compared is not None:
+                bar = PromotionBar(change.min_agreement or 0.0, change.min_compared or 0)
+                require_agreement(self.shadow.figures(), normalise_version(model, change.version), bar,
+                                  primaries=self.routing.routes_in_use(model))  # PromotionRefused: 409
             self.routing.promote(model, change.version)
+        elif change.action == "set_shadow":
+            if not change.version:
+                raise ApiError(400, "set_shadow needs a version")
+            self.routing.set_shadow(model, change.version, 1.0 if change.share is None else change.share)
+        elif change.action == "clear_shadow":
+            self.routing.clear_shadow(model)
         else:
             self.routing.rollback(model)
+
+    def shadow_report(self) -> dict[str, Any]:
+        """``GET /admin/shadow``: the shadow of each model and every (primary, shadow) pair's figures,
+        every gateway worker's added up (``services.shadow``)."""
+        self.reload_files()
+        shadows = {m: s.to_json() for m in self.routing.models() if (s := self.routing.shadow(m)) is not None}
+        return {"shadows": shadows, **self.shadow.report()}
 
 
 async def _models(request: Request) -> JSONResponse:
     return JSONResponse(await _instance.get().describe_models())
+
+
+async def _shadow(request: Request) -> JSONResponse:
+    return JSONResponse(_instance.get().shadow_report())
 
 
 async def _graph_status(request: Request) -> Response:
@@ -268,6 +304,7 @@ async def _graph_status(request: Request) -> Response:
 admin_app.router.routes.extend([
     Route("/models", _models, methods=["GET"]),
     Route("/graph/status", _graph_status, methods=["GET"]),
+    Route("/admin/shadow", _shadow, methods=["GET"]),
 ])
 Gateway.add_asgi_middleware(HttpGuard)
 if settings().direct_api:  # inside HttpGuard: auth and rate limits come first
@@ -280,4 +317,8 @@ from common.bento.openapi import docs_route, json_get  # noqa: E402
 
 admin_app.router.routes.append(docs_route(Gateway, {"/models": json_get(
     "Gateway__models", "The routing table and what each runner has loaded (scope ``predict``).",
-    {"type": "object", "properties": {"routing": {"type": "object"}}, "required": ["routing"]})}))
+    {"type": "object", "properties": {"routing": {"type": "object"}}, "required": ["routing"]}),
+    "/admin/shadow": json_get(
+    "Gateway__admin_shadow", "The shadow canary's figures per (primary, shadow) pair (scope ``admin``).",
+    {"type": "object", "properties": {"shadows": {"type": "object"}, "pairs": {"type": "array"}},
+     "required": ["shadows", "pairs"]})}))

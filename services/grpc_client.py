@@ -11,7 +11,7 @@ and exits 1)::
 
     python -m services.grpc_client --target 127.0.0.1:50051 --node-ids 1,2,3 [--api-key K]
         [--model graphsage] [--version V] [--fanout 10,5] [--routing-key user-42] [--seed 7]
-        [--embedding] [--list-models]
+        [--embedding] [--explain] [--list-models]
 
 The key is sent as ``authorization: Bearer <key>`` metadata (``x-api-key: <key>`` works too).
 Any other language: generate stubs from services/proto/graphsage/v1/predict.proto, or use
@@ -47,9 +47,10 @@ def _metadata(api_key: str | None) -> list[tuple[str, str]]:
 
 def build_request(node_ids: list[int], *, model: str = "", version: str | None = None,
                   fanout: list[int] | None = None, routing_key: str | None = None,
-                  seed: int | None = None, embedding: bool = False, min_sequence: int | None = None) -> Any:
+                  seed: int | None = None, embedding: bool = False, min_sequence: int | None = None,
+                  explain: bool = False) -> Any:
     """A ``PredictRequest``; fields left None stay absent (proto3 ``optional``)."""
-    msg = pb.PredictRequest(node_ids=node_ids, model=model, fanout=fanout or [], embedding=embedding)
+    msg = pb.PredictRequest(node_ids=node_ids, model=model, fanout=fanout or [], embedding=embedding, explain=explain)
     if version is not None:
         msg.version = version
     if routing_key is not None:
@@ -76,6 +77,9 @@ def to_dict(msg: Any) -> dict[str, Any]:
         ints(p, "node_id")
         p.setdefault("label", None)  # absent optional fields as null, as in the HTTP JSON
         p.setdefault("score", None)
+        for n in p.get("explanation", {}).get("neighbours", []):
+            ints(n, "node_id")
+            n["hop2"] = [int(v) for v in n.get("hop2", [])]
     return out
 
 
@@ -89,7 +93,7 @@ def channel(target: str, tls_ca_file: str | None = None) -> grpc.Channel:
 
 def predict(target: str, node_ids: list[int], api_key: str | None = None, *,
             timeout_s: float = 10.0, tls_ca_file: str | None = None, **kw: Any) -> dict[str, Any]:
-    """One ``Predict`` call; ``kw``: model, version, fanout, routing_key, seed, embedding.
+    """One ``Predict`` call; ``kw``: model, version, fanout, routing_key, seed, embedding, explain.
     Raises ``grpc.RpcError`` (``.code()``, ``.details()``) on any error status."""
     with channel(target, tls_ca_file) as channel_:
         stub = pb_grpc.GraphSAGEStub(channel_)
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routing-key")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--embedding", action="store_true")
+    parser.add_argument("--explain", action="store_true", help="also each node's neighbourhood and influences")
     parser.add_argument("--list-models", action="store_true", help="call ListModels instead")
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--tls-ca", metavar="PEM", help="TLS: verify the gateway with this CA (default: plain)")
@@ -135,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--node-ids is required (or --list-models)")
             out = predict(args.target, args.node_ids, args.api_key, timeout_s=args.timeout, tls_ca_file=args.tls_ca,
                           model=args.model, version=args.version, fanout=args.fanout,
-                          routing_key=args.routing_key, seed=args.seed, embedding=args.embedding)
+                          routing_key=args.routing_key, seed=args.seed, embedding=args.embedding,
+                          explain=args.explain)
     except grpc.RpcError as exc:
         print(json.dumps({"error": exc.details(), "code": exc.code().name}), file=sys.stderr)
         return 1

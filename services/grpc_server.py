@@ -122,6 +122,7 @@ def to_request(msg: Any) -> PredictRequest:
         "node_ids": list(msg.node_ids),
         "model": msg.model or DEFAULT_MODEL,
         "embedding": msg.embedding,
+        "explain": msg.explain,
     }
     if msg.fanout:
         params["fanout"] = list(msg.fanout)
@@ -170,7 +171,22 @@ def to_proto(resp: Answer | PredictResponse) -> Any:
         node.probabilities.extend(_floats(p["probabilities"]))
         if p["embedding"] is not None and len(p["embedding"]):
             node.embedding.extend(_floats(p["embedding"]))
+        if p.get("explanation") is not None:
+            _explanation(node.explanation, p["explanation"])
     return out
+
+
+def _explanation(out: Any, explanation: dict[str, Any]) -> None:
+    """``protocol.Explanation`` (a dict, rows numpy or lists) into the proto message ``out``."""
+    out.classes.extend(_ints(explanation["classes"]))
+    out.empty_slots = explanation["empty_slots"]
+    for n in explanation["neighbours"]:
+        out.neighbours.add(node_id=n["node_id"], influence=_floats(n["influence"]), hop2=_ints(n["hop2"]),
+                           hop2_empty=n["hop2_empty"])
+
+
+def _ints(values: Any) -> list[int]:
+    return values.tolist() if hasattr(values, "tolist") else values
 
 
 def _floats(values: Any) -> list[float]:

@@ -1,11 +1,16 @@
-"""Prometheus metrics of the gateway: per-version request counts and latency, breaker state."""
+"""Prometheus metrics of the gateway: per-version request counts and latency, breaker state, and
+the shadow canary's figures per (primary, shadow) pair."""
 
 from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import Any
 
-from common.metrics import LATENCY_BUCKETS
+from common.metrics import LATENCY_BUCKETS, labelled
+
+# The largest probability difference of a compared prediction: 0 when a shadow is the same version.
+DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -23,3 +28,59 @@ def gateway_metrics() -> SimpleNamespace:
         breaker=m.Gauge(name="gateway_breaker_state", documentation="Circuit breaker: 0 closed, 1 half-open, 2 open",
                         labelnames=["dependency"], multiprocess_mode="livemax"),
     )
+
+
+@functools.lru_cache(maxsize=1)
+def shadow_metrics() -> SimpleNamespace:
+    import bentoml
+
+    m = bentoml.metrics
+    pair = ["primary", "shadow"]
+    return SimpleNamespace(
+        requests=m.Counter(name="gateway_shadow_requests_total", labelnames=[*pair, "outcome"],
+                           documentation="Shadow requests: compared, dropped (queue full), failed, incompatible"),
+        predictions=m.Counter(name="gateway_shadow_predictions_total", labelnames=[*pair, "agree"],
+                              documentation="Compared predictions, by whether both versions gave the same label(s)"),
+        diff=m.Histogram(name="gateway_shadow_probability_diff", labelnames=pair, buckets=DIFF_BUCKETS,
+                         documentation="Largest probability difference of each compared prediction"),
+        latency=m.Histogram(name="gateway_shadow_call_seconds", labelnames=[*pair, "side"], buckets=LATENCY_BUCKETS,
+                            documentation="FeatureRunner call of each side of a compared request"),
+        confusion=m.Counter(name="gateway_shadow_confusion_total",
+                            labelnames=[*pair, "primary_label", "shadow_label"],
+                            documentation="Compared predictions by label on each side (multilabel: '<label>:on|off')"),
+    )
+
+
+class ShadowPrometheus:
+    """``services.shadow.ShadowObserver`` over the counters above."""
+
+    def compared(self, primary: str, shadow: str, comparison: Any, confusion: Any, primary_s: Any,
+                 shadow_s: float) -> None:
+        """Requests compared together (one shadow call): ``primary_s`` each one's primary latency."""
+        m = shadow_metrics()
+        labelled(m.requests, primary, shadow, "compared").inc(len(primary_s))
+        agreed = int(comparison.agree.sum())
+        for agree, n in (("true", agreed), ("false", int(comparison.agree.size) - agreed)):
+            if n:
+                labelled(m.predictions, primary, shadow, agree).inc(n)
+        diff = labelled(m.diff, primary, shadow)
+        for value in comparison.diff.tolist():
+            diff.observe(value)
+        primary_side = labelled(m.latency, primary, shadow, "primary")
+        shadow_side = labelled(m.latency, primary, shadow, "shadow")
+        for seconds in primary_s.tolist():
+            primary_side.observe(seconds)
+            shadow_side.observe(shadow_s)
+        for cell in zip(*confusion.nonzero()):
+            labelled(m.confusion, primary, shadow, *_confusion_labels(cell, comparison.multilabel)).inc(
+                int(confusion[cell]))
+
+    def counted(self, primary: str, shadow: str, outcome: str, requests: int) -> None:
+        labelled(shadow_metrics().requests, primary, shadow, outcome).inc(requests)
+
+
+def _confusion_labels(cell: tuple[int, ...], multilabel: bool) -> tuple[str, str]:
+    if not multilabel:
+        return str(cell[0]), str(cell[1])
+    label, primary_on, shadow_on = cell
+    return f"{label}:{'on' if primary_on else 'off'}", f"{label}:{'on' if shadow_on else 'off'}"

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from common.remote import RunnerRejected, UpstreamFailed, failure_reason
 from common.breaker import BreakerOpen, CircuitBreaker
 from services.answer import Answer, from_wire
 from services.protocol import PredictRequest
+
+if TYPE_CHECKING:
+    from services.shadow import ShadowCanary
 
 log = logging.getLogger("graphsage.gateway")
 
@@ -111,20 +115,23 @@ class _Call:
     seed: int
 
     @property
-    def group(self) -> tuple[str, tuple[int, ...] | None, bool]:
-        return self.tag, tuple(self.req.fanout) if self.req.fanout else None, self.req.embedding
+    def group(self) -> tuple[str, tuple[int, ...] | None, bool, int]:
+        # An explained request is a call of its own: its forward pass grows with every hop-1
+        # neighbour, and the FeatureRunner bounds it per request (GSAGE_EXPLAIN_MAX_NODES).
+        return (self.tag, tuple(self.req.fanout) if self.req.fanout else None, self.req.embedding,
+                id(self) if self.req.explain else 0)
 
 
 class PredictionCore:
-    """Concurrent requests are coalesced: each batch (per version, fanout and embedding flag)
-    costs one FeatureRunner.predict call (which makes one GraphSAGERunner call) instead of one
+    """Concurrent requests are coalesced: each batch (per version, fanout and embedding flag; an
+    explained request alone) costs one FeatureRunner.predict call (which makes one GraphSAGERunner call) instead of one
     per request. Each request keeps its own seed (``seeds`` per node), so merging changes no
     answer."""
 
     def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
                  model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
                  max_merge_nodes: int = 1024, max_inflight: int = 4, overlap_ratio: float = 1.0,
-                 min_sequence_wait_s: float = 1.0) -> None:
+                 min_sequence_wait_s: float = 1.0, shadow: ShadowCanary | None = None) -> None:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         self.router = router
@@ -133,6 +140,7 @@ class PredictionCore:
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
         self.min_sequence_wait_s = min_sequence_wait_s  # a request's wait for its min_sequence, on top
+        self.shadow = shadow  # scores answered requests with the routing table's shadow version, off this path
         self.stale = stale or StaleAnswers()
         self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
             self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
@@ -168,13 +176,14 @@ class PredictionCore:
         if not self.model_breaker.allow():  # no call at all: the model runner is known down
             return self._model_unavailable(calls, self.model_breaker.retry_after_s(),
                                            "model runner unavailable: circuit open")
+        started = time.perf_counter()
         try:
             packed = await self.feature_breaker.call(
                 self._predict, node_ids=[n for c in calls for n in c.req.node_ids], fanout=first.req.fanout,
                 seeds=[c.seed for c in calls for _ in c.req.node_ids], model=first.tag,
                 embedding=first.req.embedding, min_sequence=max(c.req.min_sequence or 0 for c in calls),
                 timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls),
-                ignore=(RunnerRejected, UpstreamFailed))
+                ignore=(RunnerRejected, UpstreamFailed), **({"explain": True} if first.req.explain else {}))
         except UpstreamFailed as exc:
             self.model_breaker.record_failure()
             return self._model_unavailable(calls, 1.0, str(exc))  # the FeatureRunner's words
@@ -198,6 +207,8 @@ class PredictionCore:
             self.stale.put(c.tag, answer)
             out.append(answer)
             lo = hi
+        if self.shadow is not None:  # only queued here: the shadow's call never delays these answers
+            self.shadow.offer(first.tag, [(c.req, c.seed, a) for c, a in zip(calls, out)], time.perf_counter() - started)
         return out
 
     @staticmethod

@@ -56,6 +56,23 @@ class PredictRequest(_Model):
     min_sequence: Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)] | None = Field(
         None, description="Read your writes: answer once the graph update with this sequence "
                           "(from `POST /graph/updates`) is applied (503 with Retry-After if not soon).")
+    explain: StrictBool = Field(False, description="Also return each node's sampled neighbourhood and each hop-1 "
+                                                   "neighbour's influence (at most `GSAGE_EXPLAIN_MAX_NODES` node ids).")
+
+
+class ExplainedNeighbour(_Model):
+    node_id: int = Field(description="A hop-1 neighbour the model saw (the list is in sample order, slot by slot).")
+    influence: list[float] = Field(description="Per class of `classes`: its probability minus its probability with "
+                                               "this neighbour (and its own neighbours) left out; > 0: pushed towards it.")
+    hop2: list[int] = Field(description="This neighbour's sampled neighbours (hop 2), in sample order.")
+    hop2_empty: int = Field(description="Its hop-2 slots left empty (its degree is under the hop-2 fanout): the last ones.")
+
+
+class Explanation(_Model):
+    classes: list[int] = Field(description="The classes the influences are of: the predicted one (multiclass), "
+                                           "every label (multilabel).")
+    neighbours: list[ExplainedNeighbour] = Field(description="The node's hop-1 neighbours as sampled.")
+    empty_slots: int = Field(description="Hop-1 slots left empty (the node's degree is under the fanout): the last ones.")
 
 
 class NodePrediction(_Model):
@@ -66,6 +83,8 @@ class NodePrediction(_Model):
     probabilities: list[float] = Field(default_factory=list)
     embedding: list[float] | None = None
     stale: bool = Field(False, description="A cached earlier answer served while a runner is down.")
+    explanation: Explanation | None = Field(None, description="With `explain`: the neighbourhood the answer came "
+                                                               "from; absent otherwise and when degraded.")
 
 
 class PredictResponse(_Model):
@@ -78,11 +97,19 @@ class PredictResponse(_Model):
 class RoutingChange(_Model):
     model_config = ConfigDict(extra="forbid")
 
-    action: Literal["set_weights", "promote", "rollback"]
+    action: Literal["set_weights", "promote", "rollback", "set_shadow", "clear_shadow"]
     model: Name | None = Field(None, description="Model name; default: the routing table's default model.")
     weights: dict[Version, Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
         None, max_length=16, description="set_weights: {version: weight}, any scale (90/10 = 0.9/0.1).")
-    version: Version | None = Field(None, description="promote: the version that gets all traffic.")
+    version: Version | None = Field(None, description="promote: the version that gets all traffic; "
+                                                       "set_shadow: the shadow version.")
+    share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+        None, description="set_shadow: the share of answered requests the shadow also scores (default 1).")
+    min_agreement: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+        None, description="promote: refuse (409) unless the version, as the shadow, agreed on at least this "
+                          "share of predictions ...")
+    min_compared: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        None, description="... over at least this many compared predictions.")
 
 
 # -- graph updates (POST /graph/updates, gRPC UpdateGraph) -----------------------------------------

@@ -9,13 +9,19 @@ history of earlier route sets for rollback. File format (``Settings.routing_file
         "graphsage": {
           "routes": [{"version": "graphsage:v1", "weight": 0.9},
                      {"version": "graphsage:v2", "weight": 0.1}],
-          "history": [[{"version": "graphsage:v1", "weight": 1.0}]]
+          "history": [[{"version": "graphsage:v1", "weight": 1.0}]],
+          "shadow": {"version": "graphsage:v3", "share": 0.5}
         }
       }
     }
 
 Weights are normalised to sum to 1 when loaded or set (a hand-written file may use 90/10);
 ``history`` is newest last and optional (at most ``HISTORY_MAX`` entries are kept).
+``shadow`` is optional (tables written before it load unchanged): the version that also scores
+``share`` (0..1) of the model's answered requests, off the response path, on the same ids, fanout
+and seed (``services.shadow``). It changes no answer and gets no routed traffic; ``promote`` of
+the shadow version itself ends the shadow (it would compare the version with itself);
+``rollback`` restores routes and leaves the shadow as it is.
 Without a routing file the table is in memory: one model, one route to the default version
 (``Settings.model_tags[0]``); admin changes then affect this process only.
 
@@ -52,6 +58,15 @@ CLI::
     python -m services.routing --file r.json set-weights graphsage graphsage:v1=90 graphsage:v2=10
     python -m services.routing --file r.json promote graphsage graphsage:v2
     python -m services.routing --file r.json rollback graphsage
+    python -m services.routing --file r.json set-shadow graphsage graphsage:v3 --share 0.5
+    python -m services.routing --file r.json shadow        # the figures of every (primary, shadow) pair
+    python -m services.routing --file r.json promote graphsage graphsage:v3 --min-agreement 0.98 --min-compared 500
+    python -m services.routing --file r.json clear-shadow graphsage
+
+``promote`` with a bar refuses (exit 1, the figures in the message) unless the version, as the
+shadow of the versions now routed, agreed on at least that share of at least that many compared
+predictions, read from the gateway workers' stats files (``--stats-dir``, by default
+``<file>.shadow``).
 """
 
 from __future__ import annotations
@@ -102,6 +117,10 @@ class InvalidWeights(RoutingError):
 
 class NoHistory(RoutingError):
     status_code = 409
+
+
+class InvalidShadow(RoutingError):
+    status_code = 400
 
 
 def _valid_part(part: str) -> bool:
@@ -173,9 +192,30 @@ def _normalise_weights(model: str, pairs: Sequence[tuple[str, Any]]) -> tuple[Ro
 
 
 @dataclasses.dataclass(frozen=True)
+class Shadow:
+    """A model's shadow version and the share of its answered requests it also scores."""
+
+    version: str
+    share: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "share": self.share}
+
+
+def make_shadow(model: str, version: Any, share: Any) -> Shadow:
+    """Validated; raises ``InvalidVersion`` or ``InvalidShadow``."""
+    tag = normalise_version(model, version)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) \
+            or not 0 <= share <= 1:
+        raise InvalidShadow(f"{tag}: the shadow share must be a number in [0, 1], got {share!r}")
+    return Shadow(tag, float(share))
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelRoutes:
     routes: tuple[Route, ...]
     history: tuple[tuple[Route, ...], ...] = ()
+    shadow: Shadow | None = None
     _versions: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _bounds: tuple[float, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -193,16 +233,22 @@ class ModelRoutes:
         return self._versions
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "routes": [r.to_json() for r in self.routes],
             "history": [[r.to_json() for r in h] for h in self.history],
         }
+        if self.shadow is not None:
+            doc["shadow"] = self.shadow.to_json()
+        return doc
 
     def with_routes(self, routes: tuple[Route, ...]) -> ModelRoutes:
-        """New routes; the current ones go to history (unless unchanged)."""
+        """New routes; the current ones go to history (unless unchanged); the shadow stays."""
         if routes == self.routes:
             return self
-        return ModelRoutes(routes, (self.history + (self.routes,))[-HISTORY_MAX:])
+        return ModelRoutes(routes, (self.history + (self.routes,))[-HISTORY_MAX:], self.shadow)
+
+    def with_shadow(self, shadow: Shadow | None) -> ModelRoutes:
+        return ModelRoutes(self.routes, self.history, shadow)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,12 +282,20 @@ def parse_table(doc: Any, where: str = "routing table") -> TableState:
             _routes_from_json(name, h, f"{where}: {name} history")
             for h in entry.get("history") or ()
         )
-        models[name] = ModelRoutes(routes, history[-HISTORY_MAX:])
+        models[name] = ModelRoutes(routes, history[-HISTORY_MAX:], _shadow_from_json(name, entry.get("shadow"), where))
     default = doc.get("default_model") or next(iter(models))
     default = _model_name(default)
     if default not in models:
         raise RoutingError(f"{where}: default_model {default!r} is not in models")
     return TableState(default, models)
+
+
+def _shadow_from_json(model: str, raw: Any, where: str) -> Shadow | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InvalidShadow(f"{where}: {model} shadow must be an object {{'version', 'share'}}")
+    return make_shadow(model, raw.get("version"), raw.get("share", 1.0))
 
 
 def default_table(default_version: str = DEFAULT_VERSION) -> TableState:
@@ -307,6 +361,19 @@ class RoutingTable:
     def history(self, model: str) -> list[list[Route]]:
         return [list(h) for h in self._get(self._state, model).history]
 
+    def shadow(self, model: str) -> Shadow | None:
+        return self._get(self._state, model).shadow
+
+    def routes_in_use(self, model: str) -> tuple[str, ...]:
+        """The model's versions with weight > 0 (what a promotion replaces)."""
+        return self._get(self._state, model).in_use()
+
+    def shadow_for(self, tag: str) -> Shadow | None:
+        """The shadow of the model a routed tag (``graphsage:v1``) belongs to, if any; called
+        for every answered request group, so a plain lookup."""
+        routes = self._state.models.get(tag.rpartition(":")[0])
+        return routes.shadow if routes is not None else None
+
     def to_json(self) -> dict[str, Any]:
         return self._state.to_json()
 
@@ -334,8 +401,11 @@ class RoutingTable:
         return routes.pick(self._rng.random())
 
     def versions_in_use(self) -> set[str]:
-        """Every tag with weight > 0 (what the model runner must have loaded)."""
-        return {v for m in self._state.models.values() for v in m.in_use()}
+        """Every tag with weight > 0 and every shadow with a share > 0 (what the model runner
+        must have loaded)."""
+        models = self._state.models.values()
+        return {v for m in models for v in m.in_use()} | {
+            m.shadow.version for m in models if m.shadow is not None and m.shadow.share > 0}
 
     # -- file ------------------------------------------------------------------------------------
 
@@ -381,6 +451,7 @@ class RoutingTable:
     def _describe(state: TableState) -> str:
         return "; ".join(
             f"{name}: " + ", ".join(f"{r.version}={r.weight:.1%}" for r in m.routes)
+            + (f" (shadow {m.shadow.version} at {m.shadow.share:.1%})" if m.shadow is not None else "")
             for name, m in sorted(state.models.items())
         )
 
@@ -423,33 +494,64 @@ class RoutingTable:
         name = _model_name(model)
         given = _normalise_weights(name, list(weights.items()))
 
+        self._replace_routes(name, lambda current: _merged_routes(current, given))
+        return self.routes(name)
+
+    def promote(self, model: str, version: str) -> list[Route]:
+        """All traffic to ``version`` (the other routes are dropped; ``rollback`` restores).
+        When ``version`` was the shadow, the shadow ends."""
+        name = _model_name(model)
+        given = _normalise_weights(name, [(version, 1.0)])
+
         def make(current: ModelRoutes | None) -> ModelRoutes:
-            if current is None:
-                return ModelRoutes(given)
-            by_tag = {r.version: r for r in given}
-            ordered = [by_tag.pop(r.version) for r in current.routes if r.version in by_tag]
-            return current.with_routes(tuple(ordered) + tuple(by_tag.values()))
+            merged = _merged_routes(current, given)
+            if merged.shadow is not None and merged.shadow.version == given[0].version:
+                return merged.with_shadow(None)
+            return merged
 
         self._replace_routes(name, make)
         return self.routes(name)
 
-    def promote(self, model: str, version: str) -> list[Route]:
-        """All traffic to ``version`` (the other routes are dropped; ``rollback`` restores)."""
-        return self.set_weights(model, {version: 1.0})
+    def set_shadow(self, model: str, version: str, share: float = 1.0) -> Shadow:
+        """``version`` also scores ``share`` of ``model``'s answered requests (replacing any
+        earlier shadow); the model must exist."""
+        name = _model_name(model)
+        shadow = make_shadow(name, version, share)
+        self._replace_routes(name, lambda current: _existing(model, current).with_shadow(shadow))
+        return shadow
+
+    def clear_shadow(self, model: str) -> None:
+        name = _model_name(model)
+        self._replace_routes(name, lambda current: _existing(model, current).with_shadow(None))
 
     def rollback(self, model: str) -> list[Route]:
         """Restore the routes before the last change (``NoHistory`` when there is none)."""
         name = _model_name(model)
 
         def make(current: ModelRoutes | None) -> ModelRoutes:
-            if current is None:
-                raise UnknownModel(f"unknown model {model!r}")
+            current = _existing(model, current)
             if not current.history:
                 raise NoHistory(f"model {name!r} has no earlier routes to roll back to")
-            return ModelRoutes(current.history[-1], current.history[:-1])
+            return ModelRoutes(current.history[-1], current.history[:-1], current.shadow)
 
         self._replace_routes(name, make)
         return self.routes(name)
+
+
+def _merged_routes(current: ModelRoutes | None, given: tuple[Route, ...]) -> ModelRoutes:
+    """``given`` as the routes: versions already routed keep their position (stickiness), new
+    ones are appended, versions not named are removed."""
+    if current is None:
+        return ModelRoutes(given)
+    by_tag = {r.version: r for r in given}
+    ordered = [by_tag.pop(r.version) for r in current.routes if r.version in by_tag]
+    return current.with_routes(tuple(ordered) + tuple(by_tag.values()))
+
+
+def _existing(model: str, current: ModelRoutes | None) -> ModelRoutes:
+    if current is None:
+        raise UnknownModel(f"unknown model {model!r}")
+    return current
 
 
 # -- CLI -----------------------------------------------------------------------------------------
@@ -475,6 +577,43 @@ def _parse_assignments(model: str, items: Sequence[str]) -> dict[str, float]:
 def _print_routes(table: RoutingTable, model: str) -> None:
     for r in table.routes(model):
         print(f"{r.version}\t{r.weight * 100:.2f}%")
+    shadow = table.shadow(model)
+    if shadow is not None:
+        print(f"{shadow.version}\tshadow {shadow.share * 100:.2f}%")
+
+
+def _shadow_report(table: RoutingTable, directory: str | None) -> dict[str, Any]:
+    from services.shadow import load_stats, merge_stats, pairs_report
+
+    parts = load_stats(directory)
+    return {"shadows": {m: s.to_json() for m in table.models() if (s := table.shadow(m)) is not None},
+            "stats_dir": directory, "workers_reporting": len(parts), "pairs": pairs_report(merge_stats(parts))}
+
+
+def _check_promotion(table: RoutingTable, model: str, version: str, args: argparse.Namespace,
+                     directory: str | None) -> None:
+    """The ``--min-agreement`` / ``--min-compared`` bar, on every worker's figures in ``directory``."""
+    from services.shadow import PromotionBar, load_stats, merge_stats, require_agreement
+
+    if args.min_agreement is None and args.min_compared is None:
+        return
+    name = _model_name(model)
+    bar = PromotionBar(args.min_agreement or 0.0, args.min_compared or 0)
+    figures = require_agreement(merge_stats(load_stats(directory)), normalise_version(name, version), bar,
+                                primaries=table.routes_in_use(name))
+    shown = "none" if figures.agreement is None else f"{figures.agreement:.4f}"
+    print(f"agreement {shown} over {figures.predictions} predictions compared: "
+          f"meets agreement >= {bar.min_agreement} over >= {bar.min_compared}", file=sys.stderr)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,31 +628,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("set-weights", help="e.g. graphsage graphsage:v1=90 graphsage:v2=10")
     p.add_argument("model")
     p.add_argument("weights", nargs="+", metavar="VERSION=WEIGHT")
+    parser.add_argument("--stats-dir", default=os.environ.get("GSAGE_SHADOW_STATS_DIR") or None,
+                        help="the gateway workers' shadow figures (default: $GSAGE_SHADOW_STATS_DIR, "
+                             "else <file>.shadow)")
     p = sub.add_parser("promote", help="all traffic to one version")
     p.add_argument("model")
     p.add_argument("version")
+    p.add_argument("--min-agreement", type=_share, default=None,
+                   help="refuse unless the version, as the shadow, agreed on at least this share (0..1)")
+    p.add_argument("--min-compared", type=int, default=None,
+                   help="... of at least this many compared predictions")
     p = sub.add_parser("rollback", help="restore the routes before the last change")
     p.add_argument("model")
+    p = sub.add_parser("set-shadow", help="a version that also scores a share of the model's requests")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument("--share", type=_share, default=1.0, help="share of the answered requests (0..1, default 1)")
+    p = sub.add_parser("clear-shadow", help="end the model's shadow")
+    p.add_argument("model")
+    sub.add_parser("shadow", help="print the shadow figures of every (primary, shadow) pair as JSON")
     args = parser.parse_args(argv)
 
-    if args.cmd != "show" and not args.file:
+    if args.cmd not in ("show", "shadow") and not args.file:
         print("error: --file (or GSAGE_ROUTING_FILE) is required to change routing",
               file=sys.stderr)
         return 2
+    from services.shadow import PromotionRefused, stats_dir
+
+    directory = stats_dir(args.stats_dir or "", args.file or "")
     try:
         table = RoutingTable(args.file, default_version=args.default_version)
         if args.cmd == "show":
             print(json.dumps(table.to_json(), indent=2))
+        elif args.cmd == "shadow":
+            print(json.dumps(_shadow_report(table, directory), indent=2))
         elif args.cmd == "set-weights":
             table.set_weights(args.model, _parse_assignments(args.model, args.weights))
             _print_routes(table, args.model)
         elif args.cmd == "promote":
+            _check_promotion(table, args.model, args.version, args, directory)
             table.promote(args.model, args.version)
+            _print_routes(table, args.model)
+        elif args.cmd == "set-shadow":
+            table.set_shadow(args.model, args.version, args.share)
+            _print_routes(table, args.model)
+        elif args.cmd == "clear-shadow":
+            table.clear_shadow(args.model)
             _print_routes(table, args.model)
         else:
             table.rollback(args.model)
             _print_routes(table, args.model)
-    except (OSError, RoutingError) as exc:
+    except (OSError, RoutingError, PromotionRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BODIES = [
     {"node_ids": [1, 2, 3], "seed": 11},  # labels and embedding null
     {"node_ids": [1, 2, 3, 40, 41], "seed": 11, "embedding": True},  # the column renderer, with embeddings
+    {"node_ids": [1, 2], "seed": 11, "explain": True},  # a nested object (the explanation) per node
 ]
 
 
@@ -39,16 +40,17 @@ def plain_post(url: str, body: dict[str, Any]) -> Any:
     return r.json()
 
 
-@pytest.mark.parametrize("body", BODIES, ids=["plain", "embedding"])
+@pytest.mark.parametrize("body", BODIES, ids=["plain", "embedding", "explain"])
 def test_sync_client_returns_the_answer(gateway_url, body):
     expected = plain_post(gateway_url, body)
     with bentoml.SyncHTTPClient(gateway_url) as client:
         got = client.predict(**body)
     assert got == expected
     assert all(p["labels"] is None for p in got["predictions"])
+    assert all(("explanation" in p) == bool(body.get("explain")) for p in got["predictions"])
 
 
-@pytest.mark.parametrize("body", BODIES, ids=["plain", "embedding"])
+@pytest.mark.parametrize("body", BODIES, ids=["plain", "embedding", "explain"])
 def test_async_client_returns_the_answer(gateway_url, body):
     async def call() -> Any:
         async with bentoml.AsyncHTTPClient(gateway_url) as client:

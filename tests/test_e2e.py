@@ -400,6 +400,153 @@ def test_grpc_answers_equal_http(app, env):
                                [p["probabilities"] for p in http["predictions"]], atol=1e-6)
 
 
+def in_process_explanation(env, tag: str, node_ids: list[int], seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the sampled tree, each hop-1 slot's influence on the predicted class): the model run in
+    process on the tree and, one run per neighbour, on the tree without it (NaN: empty slots)."""
+    import onnxruntime as ort
+
+    from common.feature_tensor import compact
+    from common.settings import Settings
+    from runners.graphsage.model_artifacts import load_artifacts
+    from runners.feature.sampling import sample_tree
+    from runners.feature.snapshot import load_snapshot
+    from tests.test_explain import without_slot
+
+    with bentoml_home(env["home"]):
+        snap, art = load_snapshot(), load_artifacts(tag)
+    session = ort.InferenceSession(art.onnx_path, providers=["CPUExecutionProvider"])
+    dtype = Settings().feature_transport_dtype  # the rows as the gateway's transport rounds them
+
+    def probs(tree: list[np.ndarray]) -> np.ndarray:
+        unique, index = compact(tree)
+        rows = np.asarray(snap.features[unique], dtype=np.float32).astype(dtype).astype(np.float32)
+        return session.run(["probs"], {"features": rows, **{f"idx{d}": i for d, i in enumerate(index)}})[0]
+
+    tree = sample_tree(snap.indptr, snap.indices, np.array(node_ids), art.config.fanout, seed=seed)
+    full = probs(tree)
+    label = full.argmax(1)
+    influence = np.full(tree[1].shape, np.nan)
+    for b, j in zip(*np.nonzero(tree[1] >= 0)):
+        influence[b, j] = full[b, label[b]] - probs(without_slot(tree, b, j))[0, label[b]]
+    return tree, influence
+
+
+def test_explain_over_http_and_grpc(app, env):
+    """The neighbourhood is the sampler's, each influence the in-process difference with that
+    neighbour left out; gRPC answers the same explanation; the limit is a 4xx that names itself."""
+    import grpc
+
+    from common.settings import Settings
+
+    grpc_client = pytest.importorskip("services.grpc_client")
+    target = f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}"
+    ids, seed = [5, 17, 3999], 4242
+    r = predict(app, env, {"node_ids": ids, "seed": seed, "version": env["v1"], "explain": True})
+    assert r.status_code == 200, r.text
+    http = r.json()
+    tree, influence = in_process_explanation(env, env["v1"], ids, seed)
+    for b, p in enumerate(http["predictions"]):
+        ex = p["explanation"]
+        real = tree[1][b] >= 0
+        assert [n["node_id"] for n in ex["neighbours"]] == tree[1][b][real].tolist()
+        assert ex["empty_slots"] == int((~real).sum()) and ex["classes"] == [p["label"]]
+        for n, hop2 in zip(ex["neighbours"], tree[2][b][real]):
+            assert n["hop2"] == hop2[hop2 >= 0].tolist() and n["hop2_empty"] == int((hop2 < 0).sum())
+        np.testing.assert_allclose([n["influence"][0] for n in ex["neighbours"]], influence[b][real], atol=1e-5)
+    assert any(p["explanation"]["empty_slots"] for p in http["predictions"])  # a degree under the fanout
+
+    rpc = grpc_client.predict(target, ids, api_key=env["keys"]["predict"], seed=seed, version=env["v1"], explain=True)
+    for h, g in zip(http["predictions"], rpc["predictions"]):
+        he, ge = h["explanation"], g["explanation"]
+        assert ge["classes"] == he["classes"] and ge["empty_slots"] == he["empty_slots"]
+        assert [(n["node_id"], n["hop2"], n["hop2_empty"]) for n in ge["neighbours"]] == \
+               [(n["node_id"], n["hop2"], n["hop2_empty"]) for n in he["neighbours"]]
+        np.testing.assert_array_equal(np.float32([n["influence"] for n in ge["neighbours"]]),
+                                      np.float32([n["influence"] for n in he["neighbours"]]))
+    plain = predict(app, env, {"node_ids": ids, "seed": seed, "version": env["v1"]}).json()
+    assert all("explanation" not in p for p in plain["predictions"])
+
+    limit = Settings().explain_max_nodes
+    over = predict(app, env, {"node_ids": list(range(limit + 1)), "explain": True})
+    assert over.status_code == 413 and "GSAGE_EXPLAIN_MAX_NODES" in over.json()["error"], over.text
+    with pytest.raises(grpc.RpcError) as exc:
+        grpc_client.predict(target, list(range(limit + 1)), api_key=env["keys"]["predict"], explain=True)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details() == over.json()["error"]
+
+
+def shadow_pair(app, env, primary: str, shadow: str, requests: int, wait_s: float = 15.0) -> dict:
+    """The pair's figures from ``GET /admin/shadow`` once ``requests`` shadow requests are counted
+    (the shadow runs off the response path, so after the answers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        doc = httpx.get(app.gateway.url + "/admin/shadow", headers=auth(env, "admin"), timeout=10).json()
+        pair = next((p for p in doc["pairs"] if (p["primary"], p["shadow"]) == (primary, shadow)), None)
+        done = pair is not None and pair["requests"] + pair["failed"] + pair["dropped"] >= requests
+        if done or time.monotonic() > deadline:
+            assert pair is not None, doc
+            return pair
+        time.sleep(0.1)
+
+
+def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
+    """The shadow at 100%: the same version answers the same (no seed from the client: the one the
+    gateway draws serves both sides, over HTTP and gRPC); another version's agreement equals an
+    in-process computation on the same requests; promote refuses under the bar, with the figures."""
+    from services.routing import RoutingTable
+    from services.routing import main as routing_cli
+    from services.shadow import load_stats, merge_stats
+
+    grpc_client = pytest.importorskip("services.grpc_client")
+    v1, v2, pin = env["v1"], env["v2"], env["v1"].split(":")[1]
+    routes_file = env["settings"]["GSAGE_ROUTING_FILE"]
+    try:
+        assert admin(app, env, {"action": "set_shadow", "version": v1, "share": 1.0}).status_code == 200
+        # One request at a time, each shadowed before the next: both sides' calls then hold the same
+        # nodes, so a mean model gets the same input layout on both (GSAGE_PREMEAN_MIN_TARGETS)
+        # and the answers are bit-equal, not merely within float16 rounding.
+        for i in range(12):
+            body = {"node_ids": [(i * 37 + k) % 4000 for k in range(1 + i % 3)], "version": pin}
+            assert predict(app, env, body).status_code == 200
+            shadow_pair(app, env, v1, v1, i + 1)
+        for i in range(3):
+            grpc_client.predict(f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}", [i, i + 1],
+                                api_key=env["keys"]["predict"], version=v1)
+            shadow_pair(app, env, v1, v1, 13 + i)
+        same = shadow_pair(app, env, v1, v1, 15)
+        assert (same["requests"], same["failed"], same["dropped"]) == (15, 0, 0), same
+        assert same["agreement"] == 1.0 and same["probability_diff"]["max"] == 0.0, same
+        assert same["probability_diff"]["p99"] == 0.0 and same["predictions"] == 30, same
+
+        assert admin(app, env, {"action": "set_shadow", "version": v2}).status_code == 200
+        bodies = [{"node_ids": [(i * 101 + k) % 4000 for k in range(3)], "seed": 500 + i, "version": pin}
+                  for i in range(10)]
+        for body in bodies:
+            assert predict(app, env, body).status_code == 200
+        other = shadow_pair(app, env, v1, v2, 10)
+        p = np.concatenate([in_process_probs(env, v1, b["node_ids"], b["seed"]) for b in bodies])
+        q = np.concatenate([in_process_probs(env, v2, b["node_ids"], b["seed"]) for b in bodies])
+        assert other["predictions"] == 30 and other["agreed"] == int((p.argmax(1) == q.argmax(1)).sum()), other
+        assert other["probability_diff"]["mean"] == pytest.approx(float(np.abs(p - q).max(1).mean()), abs=1e-4)
+        assert 'gateway_shadow_requests_total' in httpx.get(app.gateway.url + "/metrics").text
+
+        before = RoutingTable(routes_file).routes("graphsage")
+        refused = admin(app, env, {"action": "promote", "version": v2, "min_agreement": 1.0, "min_compared": 1000})
+        assert refused.status_code == 409, refused.text
+        assert "over 30 predictions compared" in refused.json()["error"] and ">= 1000" in refused.json()["error"]
+        assert RoutingTable(routes_file).routes("graphsage") == before
+        # The routing CLI reads the same figures from the gateway workers' stats files.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            written = merge_stats(load_stats(routes_file + ".shadow")).get((v1, v2))
+            if written is not None and written.predictions == 30:
+                break
+            time.sleep(0.2)
+        assert written is not None and written.predictions == 30
+        assert routing_cli(["--file", routes_file, "promote", "graphsage", v2, "--min-compared", "1000"]) == 1
+    finally:
+        admin(app, env, {"action": "clear_shadow"})
+
+
 def test_metrics_expose_stages_and_versions(app, env):
     # Split deployment: each service exposes its own /metrics (bentoml serve merges them).
     assert predict(app, env, {"node_ids": [1, 2]}).status_code == 200

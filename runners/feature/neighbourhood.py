@@ -173,9 +173,9 @@ class NeighbourhoodBuilder:
             if isinstance(index, PremeanTree):
                 kept, inner, last_rows, last_mean = index.tensor_parts(feats)
                 out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, base.tag, last_rows,
-                                         to_dtype(last_mean, r.dtype), r.fanout[-1]))
+                                         to_dtype(last_mean, r.dtype), r.fanout[-1], unique[: index.kept]))
             else:
-                out.append(FeatureTensor(to_dtype(feats, r.dtype), index, base.tag))
+                out.append(FeatureTensor(to_dtype(feats, r.dtype), index, base.tag, node_ids=unique))
         assemble_s = compacted_s + (time.perf_counter() - fetched)
         self.last = BatchTimings(sampled - started, fetch_stats, assemble_s, n_targets, int(all_ids.size))
         return out

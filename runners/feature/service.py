@@ -8,7 +8,9 @@ sampling and fetching run vectorised over many targets. No torch in this process
 feature bytes cross one process boundary instead of two (FeatureRunner -> gateway -> model
 runner), which was most of the gateway's CPU per bulk request (the per-process CPU cost per
 request in ``python -m bench.suite``'s report).
-``features`` returns the tensor itself (tools, tests, other callers).
+``features`` returns the tensor itself (tools, tests, other callers). ``predict`` with ``explain``
+also answers each target's neighbourhood and each hop-1 neighbour's influence, from one model call
+over the request's trees and their leave-one-out variants (``runners.feature.explain``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from common.remote import UPSTREAM_FAILED, RunnerRejected, WaitBudget, failure_r
 from common.service_auth import ServiceGuard, ServiceTokens
 from common.settings import runner_service_options, settings
 from runners.feature.cache.tiered import build_feature_store
+from runners.feature.explain import explain, with_variants
 from runners.feature.metrics import feature_metrics, graph_observer
 from runners.feature.graph import LiveGraph
 from runners.feature.live import GraphKeeper
@@ -57,6 +60,7 @@ class FeatureRunner:
         self._infer_timeout_s = cfg.model_call_timeout_s
         self._premean_enabled = cfg.premean
         self._premean_min_targets = cfg.premean_min_targets
+        self._explain_max_nodes = cfg.explain_max_nodes
         self._takes_premean: dict[str, bool] = {}  # model tag -> the model runner said so
         self.snapshot = load_snapshot(cfg.snapshot_tag)
         graph = LiveGraph(self.snapshot, cfg.graph_capacity)
@@ -174,6 +178,9 @@ class FeatureRunner:
             raise ApiError(400, f"bad predict request: {exc}") from exc
         if options.get("min_sequence"):  # read-your-writes; NotApplied after the wait
             await self.keeper.wait_for(options["min_sequence"], self._min_sequence_wait_s)
+        if options.get("explain"):
+            return await self._explained(node_ids, options.get("fanout"), options.get("seed"),
+                                         options.get("dtype", "float32"), seeds, options["model"], options["embedding"])
         return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
                                    seeds, options["model"], options["embedding"])
 
@@ -185,10 +192,8 @@ class FeatureRunner:
                    and await self._premean_for(model, budget))
         for attempt in ((True, False) if premean else (False,)):  # premean first, full rows if refused
             ft = await self._tensor(node_ids, fanout, seed, dtype, seeds, attempt)
-            body = encode(ft, prefix=wire.envelope_head({"model": model, "embedding": embedding}))
-            feature_metrics().bytes.observe(len(body))
             try:
-                return await budget.wait(self.model.call_bytes("infer", body))
+                return await self._infer(ft, model, embedding, budget)
             except RunnerRejected as exc:
                 if not (attempt and exc.status == 422):
                     raise ApiError(exc.status, str(exc)) from exc
@@ -196,9 +201,37 @@ class FeatureRunner:
                 # model runner restart): ask again next time, answer this one in full rows.
                 log.info("%s refused the premean input (%s); sending full rows", model, exc)
                 self._takes_premean.pop(model, None)
-            except Exception as exc:  # noqa: BLE001 - anything else: the model runner is unavailable
-                raise ApiError(UPSTREAM_FAILED, f"model runner unavailable: {failure_reason(exc)}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _explained(self, node_ids: np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
+                         seeds: np.ndarray | None, model: str, embedding: bool) -> bytes:
+        """``_predict`` with the explanation: the request's trees (the level layout: each slot a
+        row index to leave out) and one variant per real hop-1 slot go to the model runner as one
+        tensor, one forward pass. The answer holds the request's rows, and the explanation's
+        arrays (``Explanation.arrays``) beside them."""
+        predict_request.check_explain_size(node_ids.size, self._explain_max_nodes)
+        ft = await self._tensor(node_ids, fanout, seed, dtype, seeds)
+        variants = with_variants(ft)
+        try:
+            answer = await self._infer(variants.tensor, model, embedding, WaitBudget(self._infer_timeout_s))
+        except RunnerRejected as exc:
+            raise ApiError(exc.status, str(exc)) from exc
+        meta, arrays = wire.unpack(answer)
+        explanation = explain(ft, variants, arrays["probs"], meta.get("task") == "multilabel")
+        ours = {k: arrays[k][: variants.originals] for k in ("logits", "probs", "embedding") if k in arrays}
+        return wire.pack({**ours, **explanation.arrays()}, meta)
+
+    async def _infer(self, ft: FeatureTensor, model: str, embedding: bool, budget: WaitBudget) -> bytes:
+        """The model runner's answer on ``ft``: its 4xx raised as ``RunnerRejected``, any other
+        failure as this runner's 502 (the gateway tells the two runners apart by it)."""
+        body = encode(ft, prefix=wire.envelope_head({"model": model, "embedding": embedding}))
+        feature_metrics().bytes.observe(len(body))
+        try:
+            return await budget.wait(self.model.call_bytes("infer", body))
+        except RunnerRejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - anything else: the model runner is unavailable
+            raise ApiError(UPSTREAM_FAILED, f"model runner unavailable: {failure_reason(exc)}") from exc
 
     async def _premean_for(self, model: str, budget: WaitBudget) -> bool:
         """Does ``model`` take the premean input? Asked of the model runner once per tag (its
