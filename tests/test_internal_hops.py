@@ -4,12 +4,14 @@ service), then called as a pod inside the cluster could call it."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import httpx
 import pytest
@@ -152,9 +154,18 @@ def test_fuzzing_a_runners_openapi_with_the_token_finds_no_server_error(runners,
     st = os.path.join(os.path.dirname(sys.executable), "st")
     out = subprocess.run(
         [st, "run", str(schema), "--url", url, "--checks", "not_a_server_error", "--max-examples", "40",
-         "--header", f"Authorization: Bearer {NEW}", "--workers", "2"],
+         "--header", f"Authorization: Bearer {NEW}", "--workers", "2",
+         "--report", "har", "--report-har-path", str(tmp_path / "calls.har")],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:]
     summary = next((line for line in out.stdout.splitlines() if " generated, " in line), "")
     assert summary and "failed" not in summary and "failure" not in summary, out.stdout[-3000:]
-    print(key, summary)
+    # The fuzzer got past the guard: every operation of the document was called, and each had
+    # answers other than 401 (with a token refused, every answer would be 401 and no 5xx).
+    statuses: dict[str, set[int]] = collections.defaultdict(set)
+    for entry in json.loads((tmp_path / "calls.har").read_text())["log"]["entries"]:
+        statuses[urllib.parse.urlsplit(entry["request"]["url"]).path].add(entry["response"]["status"])
+    routes = set(service_named(name).openapi_spec.asdict()["paths"])
+    assert routes <= set(statuses), sorted(routes - set(statuses))
+    assert all(statuses[r] - {401} for r in routes), {r: sorted(statuses[r]) for r in routes}
+    print(key, summary, {r: sorted(statuses[r]) for r in sorted(routes)})
