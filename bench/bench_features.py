@@ -54,7 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness.workload import Uniform, Zipf  # noqa: E402
 from runners.feature.cache.tiered import build_feature_store  # noqa: E402
 from common.settings import Settings  # noqa: E402
-from common.feature_tensor import compact, encode, padded_nbytes  # noqa: E402
+from common.feature_tensor import encode, padded_nbytes  # noqa: E402
+from runners.feature.tree_layout import compact
 from runners.feature.neighbourhood import NeighbourhoodBuilder  # noqa: E402
 from runners.feature.sampling import sample_tree  # noqa: E402
 from harness.redis_servers import RedisServer, redis_available  # noqa: E402

@@ -59,7 +59,8 @@ from common import wire  # noqa: E402
 from runners.graphsage.backends import OnnxBackend, OpenVinoBackend, TorchBackend  # noqa: E402
 from common.batching import AdaptiveBatcher  # noqa: E402
 from common.settings import Settings  # noqa: E402
-from common.feature_tensor import FeatureTensor, compact, decode, encode  # noqa: E402
+from common.feature_tensor import FeatureTensor, decode, encode  # noqa: E402
+from runners.feature.tree_layout import compact
 from runners.graphsage.inference import InferenceItem, LoadedModel, check_compatible, run_batch  # noqa: E402
 from runners.graphsage.model_artifacts import CONFIG_FILE, STATE_DICT_FILE, ModelArtifacts  # noqa: E402
 from runners.graphsage.model_config import AGGREGATORS, ModelConfig  # noqa: E402

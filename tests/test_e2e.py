@@ -70,7 +70,7 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int, premean_layo
     import onnxruntime as ort
 
     from common.settings import Settings
-    from common.feature_tensor import compact, premean
+    from runners.feature.tree_layout import compact, premean
     from runners.graphsage.model_artifacts import load_artifacts
     from runners.feature.sampling import sample_tree
     from runners.feature.snapshot import load_snapshot
@@ -405,7 +405,7 @@ def in_process_explanation(env, tag: str, node_ids: list[int], seed: int) -> tup
     process on the tree and, one run per neighbour, on the tree without it (NaN: empty slots)."""
     import onnxruntime as ort
 
-    from common.feature_tensor import compact
+    from runners.feature.tree_layout import compact
     from common.settings import Settings
     from runners.graphsage.model_artifacts import load_artifacts
     from runners.feature.sampling import sample_tree

@@ -7,14 +7,12 @@ from common.feature_tensor import (
     PREMEAN,
     FeatureTensor,
     FeatureTensorError,
-    PremeanTree,
-    compact,
     decode,
     encode,
     padded_nbytes,
-    premean,
     to_padded,
 )
+from runners.feature.tree_layout import PremeanTree, compact, premean
 from runners.feature.sampling import sample_tree
 from tests.graphs import small_graph
 

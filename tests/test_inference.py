@@ -19,7 +19,8 @@ import torch
 
 from common import wire
 from common.batching import AdaptiveBatcher
-from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, compact, decode, encode, premean
+from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, decode, encode
+from runners.feature.tree_layout import compact, premean
 from runners.graphsage.inference import (
     IncompatibleInput,
     InferenceItem,

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 
-from common.feature_tensor import PremeanTree
+from runners.feature.tree_layout import PremeanTree
 from runners.feature.graph import BatchRejected, LiveGraph
 from runners.feature.sampling import sample_tree
 from tests.graphs import small_graph

@@ -13,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from common.feature_tensor import compact, decode
+from common.feature_tensor import decode
+from runners.feature.tree_layout import compact
 from harness.app import SplitApp, answers_under_load, free_port
 from harness.redis_servers import RedisServer, redis_available
 from runners.feature.graph import LiveGraph

@@ -13,7 +13,8 @@ import pytest
 
 from runners.feature.cache.tiered import build_feature_store
 from common.settings import Settings
-from common.feature_tensor import PREMEAN, FeatureTensor, decode, encode, premean, to_padded
+from common.feature_tensor import PREMEAN, FeatureTensor, decode, encode, to_padded
+from runners.feature.tree_layout import premean
 from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.feature.sampling import PAD, sample_tree
 from tests.graphs import small_graph

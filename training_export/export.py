@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from runners.graphsage.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
-from common.feature_tensor import LAYOUT, PREMEAN, compact, premean
+from common.feature_tensor import LAYOUT, PREMEAN
+from runners.feature.tree_layout import compact, premean
 from runners.graphsage.model_artifacts import (CONFIG_FILE, INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, MODEL_NAME, ONNX_FILE,
                                                ONNX_PREMEAN_FILE, PROBE_FILE, STATE_DICT_FILE, TENSORRT_DIR)
 from runners.graphsage.model_config import ModelConfig
@@ -106,7 +107,7 @@ def _sampled_reference(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int,
 def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, count: int = 256,
                  seed: int = 0, premean_path: str | None = None) -> dict[str, Any]:
     """PyG vs dense torch vs ONNX Runtime on the same sampled trees; ``premean_path``: also the
-    graph with the premean input, fed as the FeatureRunner feeds it (``feature_tensor.premean``)."""
+    graph with the premean input, fed as the FeatureRunner feeds it (``tree_layout.premean``)."""
     import onnxruntime as ort
 
     targets, feats, index, ref = _sampled_reference(model, snapshot, count, seed)

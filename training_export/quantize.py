@@ -3,7 +3,7 @@ accuracy guard.
 
 - Calibration: FeatureTensors of nodes sampled from the snapshot's *training* split, built the
   way the FeatureRunner builds them (``runners.feature.sampling.sample_tree`` +
-  ``common.feature_tensor.compact``, and ``premean`` for the premean graph), one seed per batch.
+  ``runners.feature.tree_layout.compact``, and ``premean`` for the premean graph), one seed per batch.
 - Quantisation: ONNX Runtime's ``quantize_static`` in QDQ form: int8 weights per output channel,
   int8 activations (symmetric, MinMax ranges), MatMul and Gemm only (the row gathers, the
   reductions and an LSTM stay float32). One graph per served graph (levels, premean), read by
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from common.feature_tensor import compact, premean
+from runners.feature.tree_layout import compact, premean
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
 from runners.graphsage.model_artifacts import INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, ONNX_FILE, ONNX_PREMEAN_FILE

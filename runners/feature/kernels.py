@@ -6,7 +6,7 @@ request whatever its size. Compiled, one request's sampling costs a fraction of 
 bit-for-bit the same samples (``tests/sampling_reference.py`` is the numpy algorithm, the oracle
 of the tests); ``python bench/bench_model.py`` times sample + compact per batch size.
 
-Imported inside the functions that use it (``runners.feature.sampling``, ``common.feature_tensor.compact``): the gateway imports
+Imported inside the functions that use it (``runners.feature.sampling``, ``runners.feature.tree_layout.compact``): the gateway imports
 the runner classes for ``bentoml.depends`` and must not load LLVM. Kernels are cached on disk
 (``cache=True``, next to this file or in numba's user cache); ``NeighbourhoodBuilder`` runs them
 once at start on the snapshot's own arrays (read-only memory maps are a type of their own).

@@ -16,7 +16,8 @@ import numpy as np
 
 from common.errors import KindOfError
 from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
-from common.feature_tensor import FeatureTensor, PremeanTree, compact
+from common.feature_tensor import FeatureTensor
+from runners.feature.tree_layout import PremeanTree, compact
 from runners.feature.narrowing import to_dtype
 from common.predict_request import random_seed
 from runners.feature.graph import LiveGraph
