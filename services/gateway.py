@@ -321,4 +321,10 @@ admin_app.router.routes.append(docs_route(Gateway, {"/models": json_get(
     "/admin/shadow": json_get(
     "Gateway__admin_shadow", "The shadow canary's figures per (primary, shadow) pair (scope ``admin``).",
     {"type": "object", "properties": {"shadows": {"type": "object"}, "pairs": {"type": "array"}},
-     "required": ["shadows", "pairs"]})}))
+     "required": ["shadows", "pairs"]}),
+    "/graph/status": json_get(
+    "Gateway__graph_status", "The update log's head and each FeatureRunner worker's applied sequence, lag and "
+    "overlay size (scope ``predict``).",
+    {"type": "object", "properties": {"log": {"type": "object"}, "workers": {"type": "object"},
+                                      "capacity": {"type": "integer"}, "directed": {"type": "boolean"}},
+     "required": ["log", "workers"]})}))

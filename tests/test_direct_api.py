@@ -142,3 +142,37 @@ def test_each_service_serves_its_hot_api_directly_behind_its_guards():
         assert [cls for cls, _ in service.middlewares] == expected, service.name
         routes = dict(service.middlewares)[DirectApi]["routes"]
         assert list(routes) == [service.apis[api].route], service.name
+
+
+def test_the_http_guard_keeps_a_503s_reason_and_retry_after():
+    """The gateway's stack (HttpGuard around the direct API): a 503's own Retry-After and message
+    reach the client unchanged; only a 503 that carries none (BentoML's load shedding) gets the
+    guard's default of 1 s."""
+    from services.auth import ApiKeyAuth
+    from services.http_guard import HttpGuard
+
+    async def shedding(scope, receive, send):
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"Service Busy"})
+
+    def answer(app):
+        guard = HttpGuard(app, auth=ApiKeyAuth([], enabled=False), max_body_bytes=1 << 20)
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/hot", "headers": [(b"content-type", b"application/json")]}
+        asyncio.run(guard(scope, receive, send))
+        start, body = sent
+        return start["status"], dict(start["headers"]), json.loads(body["body"])
+
+    down = _app(_raising(ApiError.unavailable("model runner unavailable: circuit open", 2.5)), JSON)
+    status, headers, body = answer(down)
+    assert (status, headers[b"retry-after"]) == (503, b"3")
+    assert body == {"error": "model runner unavailable: circuit open", "status": 503}
+    status, headers, body = answer(shedding)
+    assert (status, headers[b"retry-after"], body["error"]) == (503, b"1", "Service Busy")

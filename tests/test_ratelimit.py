@@ -194,6 +194,11 @@ def test_one_budget_per_key_across_gateway_workers_and_both_protocols(demo_store
         http += [httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code
                  for i in range(8)]
         elapsed = time.monotonic() - started
+        # The budget lives in Redis, not in a worker: the bucket both protocols spent is there
+        # (a per-process limiter would give the same counts if every call met one worker).
+        from harness.redis_servers import raw_command
+
+        assert b"gsrl:" in raw_command(redis_standalone.port, "KEYS", "gsrl:*")
     finally:
         app.stop()
     allowed = http.count(200) + grpc_codes.count("OK")
