@@ -94,7 +94,8 @@ def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[st
 
 
 def _int8_arg(p: argparse.ArgumentParser) -> None:
-    # On by default: ~2 s more on the tests' 4,000-node graph (calibration + the guard's scoring).
+    # On by default: calibration and the guard's scoring add seconds, not minutes, to an export
+    # (the export prints its steps' times: `"int8": {..., "seconds": ...}`).
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
                    help="also store INT8 graphs (static quantisation calibrated on the training split), kept only "
                         "if they lose <= 0.5 points of validation score (training_export/quantize.py; default: on)")

@@ -32,7 +32,7 @@ from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 PARITY_TOLERANCE = 1e-4
 OPSET = 17
-PROBE_TARGETS = 16  # the load probe's targets: ~1 MB of rows on the demo graph
+PROBE_TARGETS = 16  # the load probe's targets: enough hops and rows to exercise every layer, small enough to store
 
 
 class ParityError(RuntimeError):

@@ -1,7 +1,7 @@
 """The FeatureRunner's compiled inner loops (numba): neighbour sampling, tree compaction and the
 last hop's mean (the premean FeatureTensor).
 
-Both were numpy code whose cost was the number of numpy calls, not the arithmetic: ~60 calls per
+Both were numpy code whose cost was the number of numpy calls, not the arithmetic: dozens of calls per
 request whatever its size. Compiled, one request's sampling costs a fraction of that, with
 bit-for-bit the same samples (``tests/sampling_reference.py`` is the numpy algorithm, the oracle
 of the tests); ``python bench/bench_model.py`` times sample + compact per batch size.

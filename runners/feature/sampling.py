@@ -9,7 +9,7 @@ state of a generator. A node's sample therefore depends only on the request seed
 other nodes share the batch: merging concurrent requests leaves every request's neighbourhood
 unchanged, and the same ids, fanout and seed always give the same neighbourhood.
 
-Why compiled: the numpy version of this loop cost ~60 numpy calls per request whatever its size;
+Why compiled: the numpy version of this loop cost dozens of numpy calls per request whatever its size;
 the kernel does the same arithmetic, bit for bit the same samples, in a fraction of the time
 (``runners/feature/kernels.py``; ``tests/sampling_reference.py`` is the numpy version, kept as the
 test oracle). ``python bench/bench_model.py`` times sample + compact per batch size.

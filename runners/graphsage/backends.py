@@ -140,7 +140,7 @@ def _with_float16_inputs(onnx_path: str) -> bytes:
 
 # OpenVINO's CPU plugin, one inference thread on the calling process's cores. f32 inference
 # precision explicitly: on a CPU with bf16 (AVX512-BF16, AMX) its default is bf16, which moves
-# logits by ~1e-2, far past parity. No core pinning: the model runner shares its cores with
+# logits far past the parity tolerance (the load probe, ``check_probe``, would refuse it). No core pinning: the model runner shares its cores with
 # the gateway and the FeatureRunner (ONNX Runtime does not pin either).
 OPENVINO_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
                    "ENABLE_CPU_PINNING": False}

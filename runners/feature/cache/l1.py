@@ -62,9 +62,9 @@ ENTRY_OVERHEAD_BYTES = 32  # _id_of int64 + _expiry float64 + _last_use int64 + 
 MAP_BYTES_PER_ID = 4  # _slot_of int32
 USES_BYTES_PER_ID = 1  # _uses uint8, with admission on
 USES_MAX = 15  # a saturating count: the filter only asks "at least admit_min_uses"
-# Counts halve after 5 x capacity lookups: in a simulation of the Zipf stream 5x kept slightly
-# more lookups in L1 than 10x or 20x (no benchmark varies it, but bench/bench_features.py's "L1
-# policy" section, run with this changed, would show it).
+# Counts halve after 5 x capacity lookups: long enough for a hot node to earn admission, short
+# enough that a node hot an hour ago does not keep its count (bench/bench_features.py's "L1
+# policy" section, run with this changed, shows the hit ratio it buys).
 FREQ_WINDOW_PER_SLOT = 5
 EVICT_FRACTION = 16
 _NEVER = np.iinfo(np.int64).max  # _last_use of a free slot: never chosen for eviction
