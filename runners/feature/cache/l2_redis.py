@@ -65,7 +65,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -255,18 +255,11 @@ class RedisFeatureLevel:
         await self._client.initialize()  # no-op once the slot map is known
         if self._scripts_enabled():
             groups = self._by_master(keys)
-            try:
-                replies = await asyncio.gather(*(
-                    self._client.execute_command(
-                        "EVAL", GET_SCRIPT, 0, *[keys[p] for p in pos], target_nodes=node)
-                    for node, pos in groups
-                ))
-            except _OUTAGE_ERRORS:
-                raise
-            except ResponseError as exc:
-                self._script_failed(exc)
-            else:
-                self._script_fallbacks = 0
+            replies = await self._run_scripts([
+                self._client.execute_command("EVAL", GET_SCRIPT, 0, *[keys[p] for p in pos], target_nodes=node)
+                for node, pos in groups
+            ])
+            if replies is not None:
                 values: list[bytes | None] = [None] * len(keys)
                 for (_, pos), reply in zip(groups, replies):
                     for p, value in zip(pos, reply):
@@ -276,6 +269,19 @@ class RedisFeatureLevel:
 
     def _scripts_enabled(self) -> bool:
         return self._use_scripts and self._clock() >= self._scripts_paused_until
+
+    async def _run_scripts(self, calls: list[Awaitable[Any]]) -> list[Any] | None:
+        """The scripts' replies, or None when Redis refused a script (this request then takes the
+        plain path); an outage is raised as it is."""
+        try:
+            replies = await asyncio.gather(*calls)
+        except _OUTAGE_ERRORS:
+            raise
+        except ResponseError as exc:
+            self._script_failed(exc)
+            return None
+        self._script_fallbacks = 0
+        return replies
 
     def _script_failed(self, exc: ResponseError) -> None:
         """A script was refused: this request takes the plain path; pause scripts if it lasts."""
@@ -361,14 +367,7 @@ class RedisFeatureLevel:
                 ]
             else:
                 calls = [self._client.execute_command("EVAL", SET_SCRIPT, 0, ttl, *keys, *values)]
-            try:
-                await asyncio.gather(*calls)
-            except _OUTAGE_ERRORS:
-                raise
-            except ResponseError as exc:
-                self._script_failed(exc)
-            else:
-                self._script_fallbacks = 0
+            if await self._run_scripts(calls) is not None:
                 return
         pipe = self._client.pipeline() if self.cluster else self._client.pipeline(transaction=False)
         for key, value in zip(keys, values):
