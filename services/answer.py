@@ -9,6 +9,12 @@ to protobuf, or to the pydantic model where a caller wants objects.
 Degraded answers carry, per node, either the node's last answer (``stale``) or nothing
 (``known`` False): null label and score, empty probabilities.
 
+Every answer says the precision the model runner served it at (its reply's meta ``precision``:
+``fp32``, ``int8``). The rows of a degraded answer may come from several earlier answers, so it
+says theirs when they agree, ``PRECISION_MIXED`` when they differ and ``PRECISION_NONE`` when it
+has no row; ``PRECISION_UNKNOWN`` where the model runner did not say (one older than the field),
+so the public field is always a string.
+
 An explained answer also carries the FeatureRunner's explanation arrays
 (``runners.feature.explain.Explanation.arrays``), rendered per node as ``protocol.Explanation``.
 """
@@ -29,6 +35,9 @@ MULTILABEL_THRESHOLD = 0.5
 # From this many nodes the column rendering is the cheaper one. No benchmark covers the crossover:
 # timing ``_json_per_node`` against ``_json_columns`` in-process at a few sizes would show it.
 COLUMNS_MIN_NODES = 4
+PRECISION_NONE = "none"  # a degraded answer with no earlier row: no model computed any of it
+PRECISION_MIXED = "mixed"  # a degraded answer repeating rows served at different precisions
+PRECISION_UNKNOWN = "unknown"  # the model runner's meta had no precision
 
 
 @dataclasses.dataclass(eq=False)
@@ -43,6 +52,7 @@ class Answer:
     known: np.ndarray | None = None  # [n] bool; None: every node has an answer
     stale: bool = False  # the known rows are earlier answers (degraded mode)
     explanation: dict[str, np.ndarray] | None = None  # explain_hop1 [n, k1], explain_hop2, ... (explain)
+    precision: str = PRECISION_UNKNOWN  # what the model runner served it at ("fp32", "int8")
 
     def nodes(self) -> Iterator[dict[str, Any]]:
         """One dict per node in ``NodePrediction``'s field order; arrays stay numpy rows."""
@@ -78,8 +88,7 @@ class Answer:
 
     def _json_per_node(self) -> bytes:
         return orjson.dumps(
-            {"model": self.model, "degraded": self.degraded, "degraded_reason": self.degraded_reason,
-             "predictions": list(self.nodes())},
+            {**self._head(), "predictions": list(self.nodes())},
             option=orjson.OPT_SERIALIZE_NUMPY,
         )
 
@@ -99,8 +108,13 @@ class Answer:
             b'{"node_id":%d,"label":%d,"labels":null,"score":%b,"probabilities":[%b],"embedding":%b,"stale":%b}'
             % (node, label, score, row, e, stale)
             for node, label, score, row, e in zip(self.node_ids, labels, scores, probs_rows, emb_rows)])
-        head = orjson.dumps({"model": self.model, "degraded": self.degraded, "degraded_reason": self.degraded_reason})
+        head = orjson.dumps(self._head())
         return head[:-1] + b',"predictions":[' + nodes + b"]}"
+
+    def _head(self) -> dict[str, Any]:
+        """The answer-level fields, in ``PredictResponse``'s order."""
+        return {"model": self.model, "precision": self.precision, "degraded": self.degraded,
+                "degraded_reason": self.degraded_reason}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, the same as ``to_response().model_dump(exclude_unset=True)``
@@ -132,8 +146,10 @@ def explanation_of(arrays: dict[str, np.ndarray], i: int) -> dict[str, Any]:
 
 def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Answer:
     """The model runner's answer (``common.wire`` arrays + meta) for ``node_ids``, with the
-    FeatureRunner's explanation when it sent one."""
+    FeatureRunner's explanation when it sent one. Every request of a merged call gets this
+    call's meta, so each says the precision of the call that answered it."""
     explanation = {k: arrays[k] for k in EXPLANATION_ARRAYS} if EXPLANATION_ARRAYS[0] in arrays else None
     return Answer(meta["model"], node_ids, arrays["probs"], meta.get("task") == "multilabel",
-                  arrays.get("embedding"), explanation=explanation)
+                  arrays.get("embedding"), explanation=explanation,
+                  precision=str(meta.get("precision") or PRECISION_UNKNOWN))
 

@@ -157,7 +157,7 @@ def to_graph_update(msg: Any) -> GraphUpdate:
 
 
 def to_proto(resp: Answer | PredictResponse) -> Any:
-    out = pb.PredictResponse(model=resp.model, degraded=resp.degraded,
+    out = pb.PredictResponse(model=resp.model, precision=resp.precision, degraded=resp.degraded,
                              degraded_reason=resp.degraded_reason or "")
     nodes = resp.nodes() if isinstance(resp, Answer) else (p.model_dump() for p in resp.predictions)
     for p in nodes:

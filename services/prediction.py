@@ -27,7 +27,7 @@ from common.errors import ApiError
 from common.predict_request import NOT_YET_APPLIED
 from common.remote import RunnerRejected, UpstreamFailed, failure_reason
 from common.breaker import BreakerOpen, CircuitBreaker
-from services.answer import Answer, from_wire
+from services.answer import PRECISION_MIXED, PRECISION_NONE, Answer, from_wire
 from services.protocol import PredictRequest
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Router(Protocol):
     def choose(self, model: str, version: str | None, routing_key: str | None) -> str: ...
 
 
-_Columns = tuple[np.ndarray, "np.ndarray | None", bool]  # an answer's probs, embedding, multilabel
+_Columns = tuple[np.ndarray, "np.ndarray | None", bool, str]  # an answer's probs, embedding, multilabel, precision
 _ROWS = 1 << 32  # a kept row is (answer number) * _ROWS + row: one int per node
 
 
@@ -75,7 +75,7 @@ class StaleAnswers:
         resolves to)."""
         young, n = self._young, len(answer.node_ids)
         base = len(young.answers) * _ROWS
-        young.answers.append((answer.probs, answer.embedding, answer.multilabel))
+        young.answers.append((answer.probs, answer.embedding, answer.multilabel, answer.precision))
         young.rows.setdefault(tag, {}).update(zip(answer.node_ids, range(base, base + n)))
         young.size += n
         if young.size >= max(1, self.capacity // 2):
@@ -85,16 +85,19 @@ class StaleAnswers:
         """Rows kept (a node in both generations counts twice)."""
         return sum(len(rows) for gen in (self._young, self._old) for rows in gen.rows.values())
 
-    def get(self, model: str, node_id: int) -> tuple[np.ndarray, np.ndarray | None, bool] | None:
+    def get(self, model: str, node_id: int) -> tuple[np.ndarray, np.ndarray | None, bool, str] | None:
+        """The node's last row: probabilities, embedding, multilabel, and its answer's precision."""
         for gen in (self._young, self._old):
             at = gen.rows.get(model, {}).get(node_id)
             if at is not None:
-                (probs, embedding, multilabel), row = gen.answers[at // _ROWS], at % _ROWS
-                return probs[row], embedding[row] if embedding is not None else None, multilabel
+                (probs, embedding, multilabel, precision), row = gen.answers[at // _ROWS], at % _ROWS
+                return probs[row], embedding[row] if embedding is not None else None, multilabel, precision
         return None
 
     def degraded(self, model: str, node_ids: list[int], reason: str) -> Answer:
-        """Each node's last answer (stale) where there is one; the rest unknown."""
+        """Each node's last answer (stale) where there is one; the rest unknown. Its precision
+        is that of the rows it repeats: ``mixed`` when they were served at different ones (a
+        restart with another ``GSAGE_PRECISION`` between them), ``none`` when it repeats none."""
         cached = [self.get(model, n) for n in node_ids]
         known = np.array([c is not None for c in cached], dtype=bool)
         first = next((c for c in cached if c is not None), None)
@@ -103,9 +106,11 @@ class StaleAnswers:
         for i, c in enumerate(cached):
             if c is not None:
                 probs[i] = c[0]
+        precisions = {c[3] for c in cached if c is not None}
+        precision = precisions.pop() if len(precisions) == 1 else PRECISION_MIXED if precisions else PRECISION_NONE
         return Answer(model, list(node_ids), probs, multilabel=first[2] if first is not None else False,
                       embedding=[c[1] if c is not None else None for c in cached], degraded=True,
-                      degraded_reason=reason, known=known, stale=True)
+                      degraded_reason=reason, known=known, stale=True, precision=precision)
 
 
 @dataclasses.dataclass(eq=False)

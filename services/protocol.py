@@ -89,6 +89,11 @@ class NodePrediction(_Model):
 
 class PredictResponse(_Model):
     model: str = Field(description="The exact graphsage:<version> that answered.")
+    precision: str = Field(description="The precision the model runner served this answer at: `fp32` or `int8` "
+                                       "(GSAGE_PRECISION, where the version's INT8 graph passed its accuracy guard). "
+                                       "A degraded answer says the precision of the answers it repeats, `mixed` when "
+                                       "they differ, `none` when it repeats none; `unknown`: the model runner did "
+                                       "not say.")
     degraded: bool = False
     degraded_reason: str | None = None
     predictions: list[NodePrediction]

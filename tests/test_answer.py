@@ -14,7 +14,7 @@ PROBS = np.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1]], dtype=np.float32)
 EMB = np.array([[1.5, -2.0], [0.25, 3.0]], dtype=np.float32)
 
 
-def expected(multilabel: bool, embedding: bool) -> PredictResponse:
+def expected(multilabel: bool, embedding: bool, precision: str = "fp32") -> PredictResponse:
     """What the per-node pydantic path built for the same arrays."""
     preds = []
     for node, row, emb in zip([7, 9], PROBS.tolist(), EMB.tolist()):
@@ -23,13 +23,13 @@ def expected(multilabel: bool, embedding: bool) -> PredictResponse:
             label=None if multilabel else int(np.argmax(row)),
             labels=[j for j, x in enumerate(row) if x >= 0.5] if multilabel else None,
             score=max(row), probabilities=row, embedding=emb if embedding else None))
-    return PredictResponse(model="graphsage:v1", predictions=preds)
+    return PredictResponse(model="graphsage:v1", precision=precision, predictions=preds)
 
 
 @pytest.mark.parametrize("multilabel", [False, True])
 @pytest.mark.parametrize("embedding", [False, True])
 def test_json_matches_the_pydantic_shape(multilabel, embedding):
-    meta = {"model": "graphsage:v1", "task": "multilabel" if multilabel else "multiclass"}
+    meta = {"model": "graphsage:v1", "precision": "fp32", "task": "multilabel" if multilabel else "multiclass"}
     arrays = {"probs": PROBS, **({"embedding": EMB} if embedding else {})}
     answer = from_wire([7, 9], meta, arrays)
     got = orjson.loads(answer.to_json())
@@ -46,8 +46,34 @@ def test_json_matches_the_pydantic_shape(multilabel, embedding):
             np.testing.assert_allclose(g["embedding"], w["embedding"], atol=1e-7)
         else:
             assert g["embedding"] is None
+    assert got["precision"] == "fp32"
     # And it validates as the public model.
     assert answer.to_response().predictions[1].node_id == 9
+
+
+@pytest.mark.parametrize("nodes", [2, 6])  # the per-node and the column rendering
+def test_the_model_runners_precision_reaches_json_and_grpc(nodes):
+    from services.grpc_server import to_proto
+
+    probs = np.resize(PROBS, (nodes, 3))
+    meta = {"model": "graphsage:v1", "backend": "onnx-cpu", "precision": "int8", "task": "multiclass"}
+    answer = from_wire(list(range(nodes)), meta, {"probs": probs})
+    assert orjson.loads(answer.to_json())["precision"] == "int8"
+    assert answer.to_response().precision == "int8"
+    assert to_proto(answer).precision == "int8"
+    assert to_proto(answer.to_response()).precision == "int8"
+    # A model runner that does not say: still a string, never null.
+    assert from_wire([7], {"model": "graphsage:v1"}, {"probs": PROBS[:1]}).to_dict()["precision"] == "unknown"
+
+
+def test_a_degraded_answer_says_the_precision_of_the_rows_it_repeats():
+    stale = StaleAnswers()
+    stale.put("v", from_wire([1], {"model": "v", "precision": "int8"}, {"probs": PROBS[:1]}))
+    stale.put("v", from_wire([2], {"model": "v", "precision": "fp32"}, {"probs": PROBS[1:]}))
+    assert stale.degraded("v", [1, 3], "x").to_dict()["precision"] == "int8"  # 3: never answered
+    assert stale.degraded("v", [2], "x").to_dict()["precision"] == "fp32"
+    assert stale.degraded("v", [1, 2], "x").to_dict()["precision"] == "mixed"
+    assert stale.degraded("v", [3], "x").to_response().precision == "none"
 
 
 def test_degraded_answer_serves_stale_rows_and_nulls():

@@ -18,11 +18,13 @@ import tempfile
 import numpy as np
 import pytest
 
+from common import wire
 from common.feature_tensor import FeatureTensor, decode, encode
 from runners.graphsage.backends import BackendUnavailable, LoadCheckError, load_backend
 from runners.graphsage.inference import ModelRegistry, run_batch
 from runners.graphsage.model_artifacts import INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, PROBE_FILE, load_artifacts
 from runners.graphsage.model_config import AGGREGATORS, ModelConfig
+from services.answer import from_wire
 from tests.graphs import small_graph
 from tests.test_inference import (TOL, as_premean, assert_close_same_argmax, feature_tensor, loaded_item, pyg_forward,
                                   trained)
@@ -120,6 +122,10 @@ def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(mod
         for tensor in (ft, as_premean(ft, seed=3)):
             (out,) = run_batch(registry, [loaded_item(registry, tag, tensor)])
             assert out["precision"] == precision and out["backend"].startswith(kind)
+            # and the gateway's answer says it, from the reply's meta as GraphSAGERunner.infer packs it
+            meta, arrays = wire.unpack(wire.pack({"probs": out["probs"]},
+                                                 {k: out[k] for k in ("model", "backend", "precision", "task")}))
+            assert from_wire(list(range(len(arrays["probs"]))), meta, arrays).to_dict()["precision"] == precision
             if kind in passed:
                 diff = np.abs(out["probs"] - want["probs"]).max()
                 assert 0 < diff < 0.2, diff

@@ -396,6 +396,7 @@ def test_grpc_answers_equal_http(app, env):
     rpc = grpc_client.predict(f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}", ids, api_key=env["keys"]["predict"],
                               seed=99, version=env["v1"])
     assert rpc["model"] == http["model"]
+    assert rpc["precision"] == http["precision"] == "fp32"  # the default GSAGE_PRECISION
     np.testing.assert_allclose([p["probabilities"] for p in rpc["predictions"]],
                                [p["probabilities"] for p in http["predictions"]], atol=1e-6)
 

@@ -44,7 +44,8 @@ class FakeGateway:
                 status = node - ERROR_BASE
                 raise ApiError(status, f"fake error {status}", {"Retry-After": "3"} if status in (429, 503) else None)
         if req.routing_key == "degrade":
-            return PredictResponse(model=f"{req.model}:v1", degraded=True, degraded_reason="feature runner unavailable: timeout",
+            return PredictResponse(model=f"{req.model}:v1", precision="none", degraded=True,
+                                   degraded_reason="feature runner unavailable: timeout",
                                    predictions=[NodePrediction(node_id=n, stale=n == 5) for n in req.node_ids])
         preds = []
         for n in req.node_ids:
@@ -54,7 +55,7 @@ class FakeGateway:
                 node_id=n, label=None if multilabel else n % 2, labels=[1] if multilabel else None,
                 score=probs[1], probabilities=probs,
                 embedding=[float(n), -1.5] if req.embedding else None))
-        return PredictResponse(model=f"{req.model}:{req.version or 'v1'}", predictions=preds)
+        return PredictResponse(model=f"{req.model}:{req.version or 'v1'}", precision="int8", predictions=preds)
 
     async def describe_models(self) -> dict[str, Any]:
         return {"routing": {"default_model": "graphsage", "models": {}},
@@ -138,7 +139,7 @@ def test_predict_round_trip_field_by_field(serve, channel_to):
     st = serve(gw)
     stub = pb_grpc.GraphSAGEStub(channel_to(st))
     reply = stub.Predict(pb.PredictRequest(node_ids=[3, 4, 3], embedding=True), timeout=5)
-    assert reply.model == "graphsage:v1"
+    assert reply.model == "graphsage:v1" and reply.precision == "int8"
     assert reply.degraded is False and reply.degraded_reason == ""
     assert [p.node_id for p in reply.predictions] == [3, 4, 3]
     odd, even = reply.predictions[0], reply.predictions[1]
@@ -173,7 +174,7 @@ def test_optional_fields_absent_vs_present(serve, channel_to):
     ml = stub.Predict(pb.PredictRequest(node_ids=[2], model="tags"), timeout=5).predictions[0]
     assert not ml.HasField("label") and list(ml.labels) == [1] and ml.HasField("score")
     deg = stub.Predict(pb.PredictRequest(node_ids=[4, 5], routing_key="degrade"), timeout=5)
-    assert deg.degraded and deg.degraded_reason.startswith("feature runner unavailable")
+    assert deg.degraded and deg.degraded_reason.startswith("feature runner unavailable") and deg.precision == "none"
     assert [(p.HasField("label"), p.HasField("score"), p.stale) for p in deg.predictions] == [
         (False, False, False), (False, False, True)]
 

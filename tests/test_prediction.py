@@ -30,6 +30,9 @@ class FakeRunners:
         self.features_down = False
         self.model_down = False
         self.applied = 0  # the graph update sequence this fake FeatureRunner has applied
+        self.precision = "fp32"  # what the fake model runner says it served
+        self.alternate_precision = False  # fp32 and int8 by turns, one per model call
+        self.calls: list[tuple[list[int], str]] = []  # (node ids, precision) per model call
 
     async def predict(self, node_ids, fanout=None, seeds=None, model="m", embedding=False, min_sequence=0):
         await asyncio.sleep(0.01)  # loop time: concurrent requests find the runner busy
@@ -42,10 +45,13 @@ class FakeRunners:
         self.feature_calls.append(len(node_ids))
         if self.model_down:
             raise UpstreamFailed("model runner unavailable: ClientConnectorError")
+        precision = ("int8" if len(self.calls) % 2 else "fp32") if self.alternate_precision else self.precision
+        self.calls.append((list(node_ids), precision))
         ids, seeds = np.array(node_ids, np.int64), np.array(seeds, np.int64)
         logits = np.stack([np.sin(ids * 1.0 + seeds % 97 + k) for k in range(3)], 1).astype(np.float32)
         probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-        return wire.pack({"logits": logits, "probs": probs.astype(np.float32)}, {"model": model, "backend": "fake", "task": "multiclass"})
+        return wire.pack({"logits": logits, "probs": probs.astype(np.float32)},
+                         {"model": model, "backend": "fake", "precision": precision, "task": "multiclass"})
 
 
 class OneRoute:
@@ -74,6 +80,22 @@ def test_concurrent_requests_are_merged_without_changing_answers():
     assert [m.to_dict() for m in merged] == [a.to_dict() for a in alone]
     assert len(runners.feature_calls) < len(reqs) / 4, runners.feature_calls  # far fewer runner calls
     assert sum(runners.feature_calls) == 80
+
+
+def test_each_merged_request_says_the_precision_of_the_call_that_answered_it():
+    runners = FakeRunners()
+    runners.alternate_precision = True
+    reqs = [PredictRequest(node_ids=[2 * i, 2 * i + 1], seed=i) for i in range(40)]
+
+    async def main():
+        c = core(runners)
+        return await asyncio.gather(*(c.predict(r) for r in reqs))
+
+    answers = run(main())
+    served = {node: precision for nodes, precision in runners.calls for node in nodes}
+    assert len(runners.calls) < len(reqs) and set(served.values()) == {"fp32", "int8"}  # merged, both seen
+    for req, answer in zip(reqs, answers):
+        assert answer.to_dict()["precision"] == served[req.node_ids[0]] == served[req.node_ids[1]]
 
 
 def test_a_rejected_request_does_not_fail_the_others_in_its_batch():
@@ -106,9 +128,11 @@ def test_one_callers_unapplied_min_sequence_does_not_fail_the_others_in_its_batc
 def test_feature_runner_down_degrades_and_model_runner_down_is_503():
     runners = FakeRunners()
 
+    runners.precision = "int8"
+
     async def main():
         c = core(runners)
-        await c.predict(PredictRequest(node_ids=[5], seed=1))
+        assert (await c.predict(PredictRequest(node_ids=[5], seed=1))).to_dict()["precision"] == "int8"
         runners.features_down = True
         degraded = await c.predict(PredictRequest(node_ids=[5, 6], seed=1))
         runners.features_down, runners.model_down = False, True
@@ -120,6 +144,7 @@ def test_feature_runner_down_degrades_and_model_runner_down_is_503():
     first, second = degraded.to_response().predictions
     assert degraded.degraded and first.stale and first.label is not None and second.label is None
     assert first.probabilities and not second.probabilities and not second.stale
+    assert degraded.to_response().precision == "int8"  # the precision of the answer it repeats
     assert error.status == 503 and error.headers["Retry-After"] == "1"
     assert error.message == "model runner unavailable: ClientConnectorError"
 
