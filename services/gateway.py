@@ -147,7 +147,7 @@ class Gateway:
         if len(req.node_ids) > self.settings.max_nodes_per_request:
             raise ApiError(413, f"{len(req.node_ids)} node ids; at most {self.settings.max_nodes_per_request} per request")
         if req.explain:
-            check_explain_size(len(req.node_ids), self.settings.explain_max_nodes)  # ExplainTooLarge: 413
+            predict_request.check_explain_size(len(req.node_ids), self.settings.explain_max_nodes)  # ExplainTooLarge: 413
         started = time.perf_counter()
         try:
             response = await self.core.predict(req)

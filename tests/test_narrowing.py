@@ -1,5 +1,4 @@
 import numpy as np
-import pytest
 
 from runners.feature import narrowing
 from runners.feature.narrowing import to_dtype
