@@ -110,7 +110,10 @@ class LiveGraphSection(BaseModel):
         0, description="node ids an update may use: [0, capacity) (0: twice the snapshot's nodes)")
     graph_log: Literal["auto", "file", "redis"] = Field(
         "auto", description="the update log: Redis Streams, or an fsynced file on local disk (auto: Redis when "
-                            "`GSAGE_REDIS_URL` is set)")
+                            "`GSAGE_GRAPH_LOG_REDIS_URL` or `GSAGE_REDIS_URL` is set)")
+    graph_log_redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
+        "", description="the Redis of the update log, when it is not the cache's: one with `appendonly yes`, "
+                        "`appendfsync always` and no eviction (empty: `GSAGE_REDIS_URL`)")
     graph_log_dir: str = Field("", description="the file log's directory (empty: `~/.local/share/graphsage/update-log`)")
     graph_log_key: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] = Field(
         "gsage-updates", description="the Redis log's key prefix (one slot in a Cluster)")
@@ -236,8 +239,8 @@ class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, M
     def _consistent(self) -> Settings:
         if self.auth_enabled and not self.api_keys_file:
             raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
-        if self.graph_log == "redis" and not self.redis_url:
-            raise ValueError("GSAGE_GRAPH_LOG=redis needs GSAGE_REDIS_URL")
+        if self.graph_log == "redis" and not self.graph_log_url:
+            raise ValueError("GSAGE_GRAPH_LOG=redis needs GSAGE_GRAPH_LOG_REDIS_URL or GSAGE_REDIS_URL")
         return self
 
     @property
@@ -255,8 +258,14 @@ class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, M
         return 0.75 * self.runner_timeout_s
 
     @property
+    def graph_log_url(self) -> str:
+        """The Redis the update log is kept in: its own when one is set, else the cache's (on a
+        cache configured to evict or not to persist, the FeatureRunner warns at start)."""
+        return self.graph_log_redis_url or self.redis_url
+
+    @property
     def graph_log_kind(self) -> str:
-        return ("redis" if self.redis_url else "file") if self.graph_log == "auto" else self.graph_log
+        return ("redis" if self.graph_log_url else "file") if self.graph_log == "auto" else self.graph_log
 
     @property
     def graph_log_path(self) -> str:

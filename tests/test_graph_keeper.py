@@ -9,8 +9,9 @@ import copy
 import numpy as np
 import pytest
 
+from runners.feature import live, update_log
 from runners.feature.graph import BatchRejected, LiveGraph
-from runners.feature.live import GraphKeeper, NeverIssued, NotApplied, TooManyOps, compact, replay
+from runners.feature.live import GraphKeeper, NeverIssued, NotApplied, Observer, TooManyOps, compact, replay
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import load_snapshot, save_snapshot
 from runners.feature.update_log import FileUpdateLog
@@ -187,3 +188,114 @@ def test_a_snapshot_folded_from_another_log_is_refused_at_start(tmp_path):
     k = keeper(tmp_path / "empty-log", snap)
     with pytest.raises(LogBehind, match=r"head \(0\) is behind .* up to 5"):
         asyncio.run(k.start())
+
+
+# -- observability: the lag in seconds, compaction and switch times ----------------------------
+
+
+class FakeClock:
+    """A clock that moves only when the test moves it (``now``), or by ``steps`` per call."""
+
+    def __init__(self, now: float = 0.0, steps: list[float] | None = None):
+        self.now = now
+        self.steps = list(steps or [])
+
+    def __call__(self) -> float:
+        if self.steps:
+            self.now = self.steps.pop(0)
+        return self.now
+
+
+def set_features(v: int, x: float) -> dict:
+    return {"op": "set_features", "id": v, "features": [x] * F}
+
+
+def test_the_lag_in_seconds_is_the_age_of_the_oldest_entry_read_and_not_applied(tmp_path, monkeypatch):
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr(update_log, "wall_clock", clock)  # acked_at, and the keepers' default clock
+    monkeypatch.setattr(live, "READ_BATCH", 2)  # three entries: two reads, the lag reported as each begins
+
+    async def main():
+        writer = keeper(tmp_path)
+        for i in range(3):
+            clock.now = 1000.0 + i
+            await writer.submit([set_features(i, float(i))])
+        clock.now = 1010.0
+        reported: list[float] = []
+        reader = keeper(tmp_path, observer=Observer(lag_seconds=reported.append))  # not started: no tail
+        assert reader.lag_seconds() == 0.0  # nothing read yet
+        seen = []
+        reader._on_rows_changed = lambda ids: seen.append(reader.status()["lag_seconds"])
+        await reader.catch_up()
+        assert seen == [10.0, 9.0, 8.0]  # applying entries 1, 2, 3, acknowledged at 1000, 1001, 1002
+        assert reported == [10.0, 8.0, 0.0]
+        assert reader.lag_seconds() == 0.0 and reader.status()["lag_seconds"] == 0.0
+        # Caught up and idle: nothing more is reported.
+        await reader.catch_up()
+        assert reported == [10.0, 8.0, 0.0]
+
+        # A worker that stops at an entry: its lag grows with the clock, from that entry's ack.
+        clock.now = 1020.0
+        await writer.submit([set_features(5, 1.0)])
+        await writer.submit([set_features(6, 1.0)])
+
+        def fail(ops):
+            raise RuntimeError("a corrupt entry")
+
+        reader.graph.validate = fail  # entry 4 cannot be applied
+        clock.now = 1030.0
+        with pytest.raises(RuntimeError):
+            await reader.catch_up()
+        clock.now = 1042.5
+        assert reader.graph.sequence == 3 and reader.status()["lag_seconds"] == 22.5
+        assert reported[-1] == 10.0
+
+    asyncio.run(main())
+
+
+def test_compaction_and_switch_times_are_observed_and_in_the_status(tmp_path, model_store):
+    tag = save_snapshot(snapshot())
+    timer = FakeClock(steps=[100.0, 102.5, 200.0, 200.75])
+    times: list[tuple[str, float]] = []
+
+    async def main():
+        # Not started: no tail task, so the test orders the timer's calls (compact, then switch).
+        k = keeper(tmp_path, load_snapshot(tag), observer=Observer(compaction=lambda *t: times.append(t)), timer=timer)
+        await k.catch_up()
+        await k.submit([add_node(500, 1.0)])
+        assert k.status()["last_switch"] is None
+        result = await k.compact()
+        assert times == [("compact", 2.5)]
+        await k.catch_up()  # the _snapshot entry: this worker switches
+        assert times == [("compact", 2.5), ("switch", 0.75)]
+        status = k.status()
+        assert status["last_switch"] == {"snapshot": result["snapshot"], "sequence": 2, "replayed": 0, "seconds": 0.75}
+        assert status["snapshot"] == result["snapshot"] and status["lag_seconds"] == 0.0
+        await k.close()
+
+    asyncio.run(main())
+
+
+def test_the_lag_and_compaction_times_reach_prometheus(tmp_path):
+    from prometheus_client import REGISTRY
+
+    from runners.feature.metrics import graph_observer
+
+    observer = graph_observer()
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    observer.lag_seconds(4.5)
+    assert sample("graph_lag_seconds") == 4.5
+    k = keeper(tmp_path, observer=observer)
+    observer.state(k.status())  # what each status publication sets: the same figures as GET /graph/status
+    assert sample("graph_lag_seconds") == 0.0 and sample("graph_lag_entries") == 0.0
+    count, under = (sample("graph_compaction_seconds_count", stage="switch"),
+                    sample("graph_compaction_seconds_bucket", stage="switch", le="0.5"))
+    observer.compaction("switch", 0.3)
+    observer.compaction("compact", 42.0)
+    assert sample("graph_compaction_seconds_count", stage="switch") == count + 1
+    assert sample("graph_compaction_seconds_bucket", stage="switch", le="0.5") == under + 1
+    assert sample("graph_compaction_seconds_bucket", stage="compact", le="30.0") < \
+        sample("graph_compaction_seconds_bucket", stage="compact", le="60.0")

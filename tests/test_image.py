@@ -144,7 +144,9 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         urls = {"GraphSAGERunner": f"http://{LOOPBACK}:{ports['model']}",
                 "FeatureRunner": f"http://{LOOPBACK}:{ports['feature']}"}
         gateway_url = f"http://{LOOPBACK}:{ports['gateway']}"
-        here = {"GSAGE_REDIS_URL": redis.url, "GSAGE_GRPC_PORT": str(ports["grpc"])}
+        # The update log on this test's cluster (empty: GSAGE_REDIS_URL's): the manifests' redis-log
+        # is not started here (the FeatureRunner warns that this cluster keeps nothing).
+        here = {"GSAGE_REDIS_URL": redis.url, "GSAGE_GRAPH_LOG_REDIS_URL": "", "GSAGE_GRPC_PORT": str(ports["grpc"])}
         shared = {"models": str(store), "service-token": str(token_dir), "routing": str(routing),
                   "api-keys": str(keys_dir)}
 

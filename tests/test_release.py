@@ -194,8 +194,9 @@ def test_k8s_manifests_validate_against_the_kubernetes_schema():
                 continue
             kv.validate(doc, kv.latest_version(), strict=True)
             kinds[doc["kind"]] += 1
-    assert kinds["Deployment"] == 3 and kinds["HorizontalPodAutoscaler"] == 3 and kinds["StatefulSet"] == 1
-    assert kinds["Service"] >= 5 and kinds["Secret"] == 1 and kinds["ConfigMap"] >= 3
+    # StatefulSets: the Redis Cluster (L2 cache) and redis-log (the graph update log).
+    assert kinds["Deployment"] == 3 and kinds["HorizontalPodAutoscaler"] == 3 and kinds["StatefulSet"] == 2
+    assert kinds["Service"] >= 7 and kinds["Secret"] == 1 and kinds["ConfigMap"] >= 4
 
 
 def test_k8s_wiring():
@@ -234,6 +235,22 @@ def test_k8s_wiring():
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert by[("StatefulSet", "redis-cluster")]["spec"]["replicas"] == 6
     assert "redis+cluster://redis-cluster:6379" == config["GSAGE_REDIS_URL"]
+
+    # The graph update log is not on that cache: the services read the ConfigMap as their
+    # settings, and the log's URL names the redis-log Service, whose pods are the StatefulSet's.
+    from common.settings import load_settings
+
+    cfg = load_settings(config)
+    assert cfg.graph_log_kind == "redis" and cfg.graph_log_url == "redis://redis-log:6379/0"
+    log_service = by[("Service", "redis-log")]["spec"]
+    assert log_service["ports"][0]["port"] == 6379 and "clusterIP" not in log_service
+    log_set = by[("StatefulSet", "redis-log")]["spec"]
+    assert log_set["replicas"] == 1
+    assert _k8s_selects({"matchLabels": log_service["selector"]}, log_set["template"]["metadata"]["labels"])
+    assert by[("Service", log_set["serviceName"])]["spec"]["clusterIP"] == "None"
+    assert [t["metadata"]["name"] for t in log_set["volumeClaimTemplates"]] == ["data"]
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    assert "redis-log.yaml" in kustomization["resources"] and "redis-cluster.yaml" in kustomization["resources"]
 
 
 # --- Hardening: security contexts, network policies, service token -------------------------
@@ -321,7 +338,7 @@ def test_k8s_network_policies_form_the_allowed_graph():
     docs = _k8s_docs()
     templates = _k8s_pod_templates(docs)
     labels = {c: t["metadata"]["labels"] for c, t in templates.items()}
-    assert set(labels) == {*SERVICE_DEPLOYMENTS, "redis-cluster", "redis-cluster-create", "model-admin"}
+    assert set(labels) == {*SERVICE_DEPLOYMENTS, "redis-cluster", "redis-cluster-create", "redis-log", "model-admin"}
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     # Everything denied first: every pod of the namespace, both directions, no rule.
     deny = [p for p in policies if p["spec"]["podSelector"] == {}
@@ -340,6 +357,7 @@ def test_k8s_network_policies_form_the_allowed_graph():
         | tcp("gateway", "redis-cluster", 6379) | tcp("feature-runner", "redis-cluster", 6379)
         | tcp("redis-cluster-create", "redis-cluster", 6379)
         | tcp("redis-cluster", "redis-cluster", 6379, 16379)  # replication + cluster bus
+        | tcp("feature-runner", "redis-log", 6379)  # the update log: only the FeatureRunner opens it
         | {("monitoring/*", c, "TCP", 3000) for c in SERVICE_DEPLOYMENTS}  # Prometheus: /metrics
     )
     assert ingress == expected_ingress, (sorted(ingress - expected_ingress), sorted(expected_ingress - ingress))
@@ -357,8 +375,10 @@ def test_k8s_network_policies_form_the_allowed_graph():
     assert callers("feature-runner") == {"gateway"}
     assert callers("graphsage-runner") == {"gateway", "feature-runner"}
     assert callers("redis-cluster") == {"gateway", "feature-runner", "redis-cluster", "redis-cluster-create"}
+    assert callers("redis-log") == {"feature-runner"}
     assert callers("gateway") == set() and callers("model-admin") == callers("redis-cluster-create") == set()
-    assert {d for s, d, _, _ in egress if s == "graphsage-runner"} == {"kube-system/k8s-app=kube-dns"}
+    for quiet in ("graphsage-runner", "redis-log"):
+        assert {d for s, d, _, _ in egress if s == quiet} == {"kube-system/k8s-app=kube-dns"}, quiet
 
 
 def test_k8s_security_contexts():
@@ -413,6 +433,28 @@ def test_k8s_security_contexts():
     assert "/data" in {m["mountPath"] for m in redis["volumeMounts"]}
     conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "redis-cluster-config")
     assert 'save ""' in conf["data"]["redis.conf"] and "appendonly no" in conf["data"]["redis.conf"]
+    # redis-log writes its AOF to /data, a volume claimed per pod (it outlives the pod), and is
+    # configured as the FeatureRunner's start-up check wants it: no warning against it.
+    from runners.feature.update_log import DURABILITY_SETTINGS, durability_problems
+
+    log_set = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "redis-log")
+    log_redis = templates["redis-log"]["spec"]["containers"][0]
+    data = next(m for m in log_redis["volumeMounts"] if m["mountPath"] == "/data")
+    assert data["name"] in {t["metadata"]["name"] for t in log_set["spec"]["volumeClaimTemplates"]}
+    assert data["name"] not in {v["name"] for v in templates["redis-log"]["spec"].get("volumes") or []}
+    assert log_redis["startupProbe"] and log_redis["livenessProbe"] and log_redis["readinessProbe"]
+    assert log_redis["resources"]["requests"] and log_redis["resources"]["limits"]
+
+    def redis_conf(name: str) -> dict[str, str]:
+        text = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)["data"]["redis.conf"]
+        pairs = (line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+        return {k: v for k, v in pairs if k in DURABILITY_SETTINGS or k == "dir"}
+
+    log_conf = redis_conf("redis-log-config")
+    assert log_conf == {"dir": "/data", "appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"}
+    assert durability_problems("redis-log", log_conf) == []
+    cache_conf = {"appendfsync": "everysec", **redis_conf("redis-cluster-config")}  # everysec: Redis's default
+    assert len(durability_problems("redis-cluster", cache_conf)) == 2  # evicts, and keeps nothing on disk
 
 
 def test_k8s_service_token_and_tls_secrets():

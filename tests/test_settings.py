@@ -6,7 +6,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("GSAGE_RATE_LIMIT_PER_S", "nan", "finite number"),
     ("GSAGE_GRPC_PORT", "70000", "less than or equal to 65535"),
     ("GSAGE_REDIS_URL", "http://127.0.0.1:6379", "not a redis URL"),
+    ("GSAGE_GRAPH_LOG_REDIS_URL", "redis-log:6379", "not a redis URL"),
     ("GSAGE_API_KEYS_FILE", "/no/such/keys.json", "not a readable file"),
     ("GSAGE_SERVICE_TOKENS", "a,b,c", "at most 2"),
 ])
@@ -77,6 +77,23 @@ def test_cross_field_rules(tmp_path):
     s = load_settings({"GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(keys)})
     assert s.bind_host == "0.0.0.0"  # with auth on, all interfaces (the container path)
     assert load_settings({"GSAGE_HOST": "0.0.0.0"}).bind_host == "0.0.0.0"  # said explicitly
+
+
+def test_the_update_log_may_have_a_redis_of_its_own():
+    """The cache may evict and forget; the log has its own server where one is given."""
+    both = load_settings({"GSAGE_REDIS_URL": "redis+cluster://cache:6379",
+                          "GSAGE_GRAPH_LOG_REDIS_URL": "redis://redis-log:6379/0"})
+    assert both.graph_log_kind == "redis" and both.graph_log_url == "redis://redis-log:6379/0"
+    assert both.redis_url == "redis+cluster://cache:6379"  # the cache's own, untouched
+    cache_only = load_settings({"GSAGE_REDIS_URL": "redis://cache:6379/0"})
+    assert cache_only.graph_log_kind == "redis" and cache_only.graph_log_url == "redis://cache:6379/0"
+    log_only = load_settings({"GSAGE_GRAPH_LOG_REDIS_URL": "redis://redis-log:6379/0"})
+    assert log_only.graph_log_kind == "redis" and log_only.redis_url == ""  # a log in Redis, no L2
+    assert load_settings({}).graph_log_kind == "file"
+    for kind in ("file", "redis"):  # said explicitly
+        assert load_settings({"GSAGE_GRAPH_LOG": kind, "GSAGE_GRAPH_LOG_REDIS_URL": "redis://l:6379/0"}).graph_log_kind == kind
+    with pytest.raises(SettingsError, match="GSAGE_GRAPH_LOG=redis needs GSAGE_GRAPH_LOG_REDIS_URL or GSAGE_REDIS_URL"):
+        load_settings({"GSAGE_GRAPH_LOG": "redis"})
 
 
 def test_the_readme_table_is_generated_from_the_fields():

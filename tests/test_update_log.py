@@ -718,3 +718,113 @@ def test_redis_down_is_log_unavailable_then_it_recovers(redis_standalone):
             await log.close()
 
     asyncio.run(main())
+
+
+# -- the Redis log's durability check ------------------------------------------------------------
+
+# A server configured as the cache of bentos/k8s/redis-cluster.yaml, and one as redis-log.yaml.
+CACHE_ARGS = ["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]  # + the harness's appendonly no
+DURABLE_ARGS = ["--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"]
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """``redis_server(*extra_args)``: a fresh redis-server so configured, stopped after the test."""
+    from harness.redis_servers import RedisServer, redis_available
+
+    if not redis_available():
+        pytest.skip("redis-server / redis-cli not installed")
+    servers = []
+
+    def start(*extra_args: str):
+        server = RedisServer(str(tmp_path / f"redis-{len(servers)}"), extra_args=list(extra_args))
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def check_durability(url: str) -> list[str]:
+    async def main():
+        log = RedisUpdateLog.from_url(url, key="durability", timeout_s=5.0, socket_timeout_s=5.0)
+        try:
+            return await log.check_durability()
+        finally:
+            await log.close()
+
+    return asyncio.run(main())
+
+
+def warned(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "graphsage.graph" and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("config, wanted", [
+    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"}, []),
+    # volatile-* evicts only keys with a TTL, and the log's keys have none.
+    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "volatile-lru"}, []),
+    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "allkeys-lfu"},
+     ["maxmemory-policy allkeys-lfu"]),
+    ({"appendonly": "no", "appendfsync": "always", "maxmemory-policy": "noeviction"}, ["appendonly no"]),
+    ({"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}, ["appendfsync everysec"]),
+    ({"appendonly": "no", "appendfsync": "everysec", "maxmemory-policy": "allkeys-lru"},
+     ["maxmemory-policy allkeys-lru", "appendonly no"]),
+    ({"appendonly": None, "appendfsync": None, "maxmemory-policy": None},
+     ["maxmemory-policy could not be read", "appendonly could not be read"]),
+    ({"appendonly": "yes", "appendfsync": None, "maxmemory-policy": "noeviction"}, ["appendfsync could not be read"]),
+])
+def test_durability_problems_name_the_server_the_setting_and_the_loss(config, wanted):
+    problems = update_log.durability_problems("10.0.0.7:6379", config)
+    assert len(problems) == len(wanted), problems
+    for problem, setting in zip(problems, wanted):
+        assert problem.startswith("Redis 10.0.0.7:6379: " + setting), problem
+        assert "acknowledged graph updates can be lost" in problem
+
+
+@pytest.mark.integration
+def test_redis_durability_check_warns_about_a_cache_not_about_a_durable_server(redis_server, caplog):
+    cache, durable = redis_server(*CACHE_ARGS), redis_server(*DURABLE_ARGS)
+    caplog.set_level("WARNING", logger="graphsage.graph")
+    warnings = check_durability(cache.url)
+    assert warned(caplog) == warnings and len(warnings) == 2, warnings
+    for warning, setting in zip(warnings, ("maxmemory-policy allkeys-lru", "appendonly no")):
+        assert warning.startswith(f"Redis 127.0.0.1:{cache.port}: {setting}"), warning
+        assert "acknowledged graph updates can be lost" in warning
+    caplog.clear()
+    assert check_durability(durable.url) == [] and warned(caplog) == []
+    # A warning, not a refusal: the log works on the cache all the same.
+    async def append_on_cache():
+        log = RedisUpdateLog.from_url(cache.url, key="durability")
+        try:
+            return (await log.append(ops(0), 0)).sequence
+        finally:
+            await log.close()
+
+    assert asyncio.run(append_on_cache()) == 1
+
+
+@pytest.mark.integration
+def test_redis_durability_check_says_when_it_cannot_check(redis_server, caplog):
+    """CONFIG renamed away (as some managed services do), or no server at all."""
+    hidden = redis_server(*DURABLE_ARGS, "--rename-command", "CONFIG", "")
+    caplog.set_level("WARNING", logger="graphsage.graph")
+    [warning] = check_durability(hidden.url)
+    assert warning.startswith(f"Redis 127.0.0.1:{hidden.port}: the update log's durability could not be checked")
+    assert "ResponseError" in warning and "acknowledged graph updates can be lost" in warning
+    assert warned(caplog) == [warning]
+    hidden.kill()
+    [down] = check_durability(hidden.url)
+    assert "could not be checked" in down and "ConnectionError" in down
+
+
+@pytest.mark.integration
+def test_redis_durability_check_reads_every_cluster_master(redis_cluster, caplog):
+    caplog.set_level("WARNING", logger="graphsage.graph")
+    warnings = check_durability(redis_cluster.url)
+    # The session's cluster keeps nothing on disk: one warning per master, each naming it.
+    masters = {f"127.0.0.1:{port}" for port, role in redis_cluster.roles().items() if role == "master"}
+    assert len(masters) == 3 and len(warnings) == 3, warnings
+    assert {w.split(": ", 1)[0].removeprefix("Redis ") for w in warnings} == masters
+    assert all(": appendonly no:" in w for w in warnings)

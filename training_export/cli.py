@@ -107,7 +107,9 @@ def _update_log() -> Any:
     from runners.feature.update_log import update_log_from
 
     cfg = load_settings()
-    return update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.redis_url, cfg.redis_ca_file, cfg.graph_log_key), cfg
+    log_ = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file,
+                           cfg.graph_log_key)
+    return log_, cfg
 
 
 def live_snapshot(tag: str) -> GraphSnapshot:

@@ -16,8 +16,10 @@
   new snapshot, replays the entries after its sequence and swaps the graph under the lock,
   between two batches: no request fails, and none changes its answer (the lists keep their
   order, the rows their values).
-- **Status**: each worker publishes its applied sequence, lag and overlay size in the log
-  (``GET /graph/status``); entries that every live worker's snapshot already holds are trimmed.
+- **Status**: each worker publishes its applied sequence, lag (entries, and seconds: the age of
+  the oldest entry it has read and not applied yet), overlay size and last snapshot switch in
+  the log (``GET /graph/status``); entries that every live worker's snapshot already holds are
+  trimmed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 
 from common.errors import KindOfError
 from common.predict_request import NOT_YET_APPLIED
+from runners.feature import update_log
 from runners.feature.graph import BatchRejected, LiveGraph
 from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
 from runners.feature.update_log import LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog
@@ -81,20 +84,31 @@ class Observer:
     applied: Callable[[str, int], None] = lambda op, n: None
     staleness: Callable[[float], None] = lambda seconds: None
     state: Callable[[dict[str, Any]], None] = lambda status: None
+    # The lag in seconds, as it changes while the worker catches up (``state`` says it too, but
+    # only between two catch-ups, when it is about 0 again).
+    lag_seconds: Callable[[float], None] = lambda seconds: None
+    # "compact": folding the log into a new snapshot; "switch": a worker serving it.
+    compaction: Callable[[str, float], None] = lambda stage, seconds: None
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _wall_clock() -> float:
+    return update_log.wall_clock()  # the clock of the entries' acked_at, looked up at each call
+
+
 class GraphKeeper:
     def __init__(self, graph: LiveGraph, log_: UpdateLog, *, on_swap: Callable[[LiveGraph], None] = lambda g: None,
                  on_rows_changed: Callable[[np.ndarray], None] = lambda ids: None, poll_interval_s: float = 0.02,
                  max_ops: int = 10_000, capacity: int = 0, worker: str | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, clock: Callable[[], float] = _wall_clock,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         """``on_swap``: the builder and the feature store start serving a new graph (compaction);
         ``on_rows_changed``: rows of these ids changed (the caches forget them). Both are called
-        under ``lock``."""
+        under ``lock``. ``clock``: the wall clock the entries' ``acked_at`` is read against
+        (staleness, lag); ``timer``: what compactions and switches are timed with."""
         self.graph = graph
         self.log = log_
         self.lock = asyncio.Lock()
@@ -105,13 +119,19 @@ class GraphKeeper:
         self.capacity = capacity
         self.worker = worker or worker_name()
         self.observer = observer or Observer()
+        self.clock = clock
+        self.timer = timer
         self.head = graph.sequence  # the log's head as last seen
+        # acked_at of the oldest entry read from the log and not applied yet (None: none).
+        self._pending_acked_at: float | None = None
+        self._lag_reported = 0.0  # the last lag_seconds given to the observer
         self._applying = asyncio.Lock()  # one coroutine reads and applies the log at a time
         self._applied_event = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._next_status = 0.0
         self.last_compaction: dict[str, Any] | None = None
+        self.last_switch: dict[str, Any] | None = None  # this worker's last switch to a compacted snapshot
         self.failed: str | None = None  # why this worker stopped applying (it then refuses reads)
 
     # -- the tail ------------------------------------------------------------------------------
@@ -167,10 +187,17 @@ class GraphKeeper:
                 raise RuntimeError(f"the update log no longer holds the entries after {self.graph.sequence} "
                                    f"({self.graph.base.tag}): serve a newer snapshot (GSAGE_SNAPSHOT_TAG)") from exc
             if not entries:
+                if self._lag_reported:  # caught up: once, not at every idle poll
+                    self._report_lag(0.0)
                 return applied
+            self._pending_acked_at = entries[0].acked_at
+            self._report_lag(self.lag_seconds())
             for entry in entries:
+                self._pending_acked_at = entry.acked_at  # stays if applying it fails: the lag then grows
                 await self._apply(entry)
                 applied += 1
+            # Every entry read is applied; whether more wait, the next read says.
+            self._pending_acked_at = None
 
     async def _apply(self, entry: LogEntry, validated: bool = False) -> None:
         """``validated``: the write path validated these ops against this graph, under the same
@@ -190,8 +217,12 @@ class GraphKeeper:
                 self._on_rows_changed(np.fromiter(changed, np.int64, len(changed)))
         for op, n in Counter(op["op"] for op in entry.ops).items():
             self.observer.applied(op, n)
-        self.observer.staleness(max(0.0, time.time() - entry.acked_at))
+        self.observer.staleness(max(0.0, self.clock() - entry.acked_at))
         self._applied(entry)
+
+    def _report_lag(self, seconds: float) -> None:
+        self._lag_reported = seconds
+        self.observer.lag_seconds(seconds)
 
     def _applied(self, entry: LogEntry) -> None:
         self.head = max(self.head, entry.sequence)
@@ -253,7 +284,7 @@ class GraphKeeper:
         """Serve the compacted snapshot the entry names, with the entries between the snapshot's
         sequence and this one replayed (they were applied to the graph it replaces)."""
         op = entry.ops[0]
-        started = time.perf_counter()
+        started = self.timer()
         snapshot = await asyncio.to_thread(load_snapshot, op["tag"])
         fresh = await replay(snapshot, self.log, entry.sequence - 1, self.capacity or self.graph.capacity)
         if fresh.sequence != entry.sequence - 1:
@@ -264,25 +295,39 @@ class GraphKeeper:
             self.graph = fresh
             self._on_swap(fresh)
         self._applied(entry)
+        seconds = self.timer() - started
+        replayed = entry.sequence - 1 - snapshot.log_sequence
+        self.last_switch = {"snapshot": op["tag"], "sequence": entry.sequence, "replayed": replayed,
+                            "seconds": round(seconds, 3)}
+        self.observer.compaction("switch", seconds)
         log.info("serving %s (log sequence %d) after %d replayed updates, switched in %.2f s", op["tag"],
-                 snapshot.log_sequence, entry.sequence - 1 - snapshot.log_sequence, time.perf_counter() - started)
+                 snapshot.log_sequence, replayed, seconds)
 
     async def compact(self, upto: int | None = None) -> dict[str, Any]:
         """Fold the log into a new snapshot and tell every worker to serve it (``_snapshot``)."""
         if upto is not None and upto > (head := await self.log.head()):
             raise NeverIssued(f"upto {upto} was never issued: the update log's head is {head}")
+        started = self.timer()
         result = await compact(self.graph.base.tag, self.log, upto, self.capacity or self.graph.capacity)
+        self.observer.compaction("compact", self.timer() - started)
         self.last_compaction = result
         return result
 
     # -- status --------------------------------------------------------------------------------
 
+    def lag_seconds(self) -> float:
+        """How long the oldest entry this worker has read and not applied yet has been
+        acknowledged; 0 when it applied everything it read."""
+        pending = self._pending_acked_at
+        return 0.0 if pending is None else max(0.0, self.clock() - pending)
+
     def status(self) -> dict[str, Any]:
         stats = self.graph.stats()
         return {"applied": self.graph.sequence, "head_seen": self.head, "lag_entries": max(0, self.head - self.graph.sequence),
+                "lag_seconds": round(self.lag_seconds(), 3),
                 "snapshot": self.graph.base.tag, "snapshot_sequence": self.graph.base.log_sequence,
                 "overlay": dataclasses.asdict(stats), "capacity": self.graph.capacity,
-                "failed": self.failed}
+                "last_switch": self.last_switch, "failed": self.failed}
 
     async def _publish_status(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -48,6 +48,13 @@ def graph_metrics() -> SimpleNamespace:
                          multiprocess_mode="liveall"),
         lag=m.Gauge(name="graph_lag_entries", documentation="Update log entries this worker has not applied yet",
                     multiprocess_mode="liveall"),
+        lag_seconds=m.Gauge(name="graph_lag_seconds", documentation="Age of the oldest acknowledged update this "
+                            "worker has read and not applied yet (0: caught up)", multiprocess_mode="liveall"),
+        compaction=m.Histogram(name="graph_compaction_seconds",
+                               documentation="Compaction time: `compact` folds the log into a new snapshot, `switch` "
+                                             "is a worker mapping it, replaying the entries after it and swapping",
+                               labelnames=["stage"],
+                               buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)),
         overlay=m.Gauge(name="graph_overlay_size", documentation="The overlay over the snapshot: nodes with their own "
                         "neighbour list, list entries, feature rows, bytes", labelnames=["what"], multiprocess_mode="liveall"),
     )
@@ -62,7 +69,10 @@ def graph_observer() -> Any:
     def state(status: dict[str, Any]) -> None:
         m.sequence.set(status["applied"])
         m.lag.set(status["lag_entries"])
+        m.lag_seconds.set(status["lag_seconds"])
         for what in ("nodes", "edges", "feature_rows", "bytes"):
             m.overlay.labels(what).set(status["overlay"][what])
 
-    return Observer(applied=lambda op, n: labelled(m.applied, op).inc(n), staleness=m.staleness.observe, state=state)
+    return Observer(applied=lambda op, n: labelled(m.applied, op).inc(n), staleness=m.staleness.observe, state=state,
+                    lag_seconds=m.lag_seconds.set,
+                    compaction=lambda stage, seconds: labelled(m.compaction, stage).observe(seconds))

@@ -39,7 +39,7 @@ from runners.feature.metrics import feature_metrics, graph_observer
 from runners.feature.graph import LiveGraph
 from runners.feature.live import GraphKeeper
 from runners.feature.neighbourhood import FeatureRequest, NeighbourhoodBuilder
-from runners.feature.update_log import LogUnavailable, update_log_from
+from runners.feature.update_log import LogUnavailable, RedisUpdateLog, update_log_from
 from runners.feature.snapshot import load_snapshot
 from runners.graphsage.service import GraphSAGERunner
 
@@ -68,7 +68,7 @@ class FeatureRunner:
         self.store.on_fill = labelled(feature_metrics().stage, "l1_fill").observe
         self.builder = NeighbourhoodBuilder(graph, self.store, cfg.fanout, cfg.runner_call_max_nodes,
                                             cfg.scan_min_targets)
-        self.update_log = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.redis_url, cfg.redis_ca_file,
+        self.update_log = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file,
                                           cfg.graph_log_key)
         self.keeper = GraphKeeper(graph, self.update_log, on_swap=self._serve, on_rows_changed=self.store.invalidate,
                                   poll_interval_s=cfg.graph_poll_interval_ms / 1000, max_ops=cfg.graph_max_ops,
@@ -93,6 +93,10 @@ class FeatureRunner:
         then follow the update log."""
         await self.keeper.start()
         log.info("graph at update %d (%s)", self.keeper.graph.sequence, self.update_log)
+        if isinstance(self.update_log, RedisUpdateLog):
+            # The log is the only copy of the updates since the snapshot: say so at start if its
+            # server may evict or forget them (a cache's configuration), rather than after a loss.
+            await self.update_log.check_durability()
 
     @bentoml.on_shutdown
     async def close(self) -> None:

@@ -38,7 +38,11 @@ One interface (``UpdateLog``), two implementations:
   ``append`` is one Lua script (``APPEND_SCRIPT``: compare the head, XADD, SET the head), so the
   compare-and-append is atomic. It is as durable as the server is configured to be: run Redis
   with ``appendonly yes`` and ``appendfsync always`` (and replicas with ``WAIT`` if wanted) for
-  "acknowledged means kept"; a Redis that restarts empty starts the log again from 0.
+  "acknowledged means kept"; a Redis that restarts empty starts the log again from 0. Nor may
+  the server evict: the keys have no TTL, so ``noeviction`` or a ``volatile-*`` policy keeps
+  them, and a full server then refuses appends (``LogUnavailable``) instead of dropping entries.
+  ``check_durability`` (the FeatureRunner calls it at start) reads these settings from the server,
+  every master of a Cluster, and logs a warning for each one that can lose acknowledged entries.
 
 Guarantees, both implementations: sequences are 1, 2, 3, ... with no gap or duplicate; ``append``
 with a stale ``expected_head`` raises ``SequenceConflict`` and writes nothing; ``read`` returns
@@ -55,6 +59,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import os
 import re
 import struct
@@ -69,6 +74,8 @@ import orjson
 from common.files import atomic_write_json
 
 T = TypeVar("T")
+
+log = logging.getLogger("graphsage.graph")
 
 SEGMENT_BYTES = 64 << 20  # a segment rolls once the next record would take it past this
 POLL_S = 0.01  # FileUpdateLog.wait: how often the last segment's size is looked at
@@ -590,6 +597,43 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return (RedisError, RedisClusterException, OSError)
 
 
+# What a Redis server must be configured with for "acknowledged means kept" (see durability_problems).
+DURABILITY_SETTINGS = ("appendonly", "appendfsync", "maxmemory-policy")
+LOSS = "acknowledged graph updates can be lost"
+
+
+def durability_problems(server: str, config: dict[str, str | None]) -> list[str]:
+    """Why ``server``, configured as ``config`` (``DURABILITY_SETTINGS`` -> value, None where the
+    server did not say), can lose acknowledged log entries; [] when it cannot."""
+    problems = []
+    policy = config.get("maxmemory-policy")
+    if policy is None:
+        problems.append(f"Redis {server}: maxmemory-policy could not be read; if it is not noeviction, {LOSS} "
+                        "when the server is full")
+    elif policy != "noeviction" and not policy.startswith("volatile-"):
+        # volatile-* policies evict only keys with a TTL, and the log's keys have none.
+        problems.append(f"Redis {server}: maxmemory-policy {policy} evicts keys without a TTL when the server is "
+                        f"full, the update log's among them: {LOSS} (use noeviction)")
+    appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
+    if appendonly is None:
+        problems.append(f"Redis {server}: appendonly could not be read; without it, {LOSS} when the server restarts")
+    elif appendonly != "yes":
+        problems.append(f"Redis {server}: appendonly {appendonly}: the update log is not written to disk before an "
+                        f"update is acknowledged, so {LOSS} when the server restarts (use appendonly yes, "
+                        "appendfsync always)")
+    elif appendfsync is None:
+        problems.append(f"Redis {server}: appendfsync could not be read; unless it is always, {LOSS} when the host "
+                        "fails")
+    elif appendfsync != "always":
+        problems.append(f"Redis {server}: appendfsync {appendfsync}: the append-only file is not fsynced before an "
+                        f"update is acknowledged, so {LOSS} when the host fails (use appendfsync always)")
+    return problems
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _seq_of(entry_id: bytes | str) -> int:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.partition("-")[0])
@@ -703,6 +747,56 @@ class RedisUpdateLog:
                 if isinstance(doc, dict):
                     docs[worker.decode() if isinstance(worker, bytes) else worker] = doc
         return _fresh(docs, max_age_s)
+
+    async def check_durability(self, timeout_s: float = 10.0) -> list[str]:
+        """Read ``DURABILITY_SETTINGS`` from the server (from every master of a Cluster) and log a
+        WARNING for each way it can lose acknowledged entries, or that they could not be read
+        (CONFIG disabled or renamed, as on some managed services; the server down). Returns the
+        warnings. Warns, never refuses: a test's throwaway server keeps nothing on purpose."""
+        try:
+            configs = await asyncio.wait_for(self._server_configs(), timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop a start (a timeout included)
+            configs = {self._describe(): exc}
+        warnings = []
+        for server, config in configs.items():
+            if isinstance(config, BaseException):
+                warnings.append(f"Redis {server}: the update log's durability could not be checked "
+                                f"({type(config).__name__}: {config}); unless it runs with appendonly yes, "
+                                f"appendfsync always and maxmemory-policy noeviction, {LOSS}")
+            else:
+                warnings.extend(durability_problems(server, config))
+        for warning in warnings:
+            log.warning("%s", warning)
+        return warnings
+
+    def _describe(self) -> str:
+        kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", None) or {}
+        if "path" in kwargs:
+            return f"unix:{kwargs['path']}"
+        if "host" in kwargs:
+            return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+        nodes = getattr(getattr(self.client, "nodes_manager", None), "startup_nodes", None) or {}
+        return ",".join(nodes) or "(unknown)"
+
+    async def _server_configs(self) -> dict[str, dict[str, str | None] | BaseException]:
+        """Server -> its durability settings, or the error that kept them from being read."""
+        from redis.asyncio import RedisCluster
+
+        async def read(**target: Any) -> dict[str, str | None] | BaseException:
+            config: dict[str, str | None] = {}
+            try:
+                for name in DURABILITY_SETTINGS:  # one by one: CONFIG GET takes one pattern before Redis 7
+                    reply = await self.client.config_get(name, **target)
+                    config[name] = _text({_text(k): v for k, v in reply.items()}.get(name))
+            except self._errors as exc:
+                return exc
+            return config
+
+        if isinstance(self.client, RedisCluster):
+            await self.client.initialize()
+            # Every master holds a share of the slots; the log's slot may move to any of them.
+            return {node.name: await read(target_nodes=node) for node in self.client.get_primaries()}
+        return {self._describe(): await read()}
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
