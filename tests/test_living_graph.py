@@ -160,10 +160,10 @@ def test_an_added_edge_is_in_the_sampled_neighbourhood_of_a_node_under_the_fanou
 def test_set_features_changes_the_node_and_its_neighbours_answers_through_l1_and_redis(app, env, mirror):
     from harness.redis_servers import raw_command
 
-    v = 20
     # A neighbour whose degree is under the first fanout samples every neighbour, v among them.
     fanout = mirror.artifacts.config.fanout[0]
-    neighbour = next(int(u) for u in mirror.graph.neighbours(v) if mirror.graph.neighbours(int(u)).size <= fanout)
+    v, neighbour = next((v, int(u)) for v in range(20, 400) for u in mirror.graph.neighbours(v)
+                        if mirror.graph.neighbours(int(u)).size <= fanout)
     before = probs_of(predict(app, env, [v, neighbour]))
     for _ in range(3):  # warm L1 and Redis with the old rows
         predict(app, env, [v, neighbour])
