@@ -239,10 +239,10 @@ def test_the_lag_in_seconds_is_the_age_of_the_oldest_entry_read_and_not_applied(
         await writer.submit([set_features(5, 1.0)])
         await writer.submit([set_features(6, 1.0)])
 
-        def fail(ops):
+        def fail(ops, sequence):
             raise RuntimeError("a corrupt entry")
 
-        reader.graph.validate = fail  # entry 4 cannot be applied
+        reader.graph.apply = fail  # entry 4 cannot be applied
         clock.now = 1030.0
         with pytest.raises(RuntimeError):
             await reader.catch_up()

@@ -159,7 +159,8 @@ def test_round_trip_through_the_model_store(tmp_path, files, model_store):
     assert loaded.extra["self_loops_dropped"] == 1
     for name in ("indptr", "indices", "features", "labels", "train", "val", "test"):
         arr = getattr(loaded, name)
-        assert isinstance(arr, np.memmap), name
+        # memory-mapped (read-only, on the file's pages), handed out as a plain ndarray view
+        assert isinstance(arr.base, np.memmap) and not arr.flags.writeable, name
         assert arr.dtype == getattr(snap, name).dtype, name
         np.testing.assert_array_equal(arr, getattr(snap, name))
 

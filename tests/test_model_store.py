@@ -15,7 +15,7 @@ def test_snapshot_round_trip_by_tag_and_latest(model_store):
     for ref in (tag, "graph-snapshot:latest"):
         loaded = load_snapshot(ref)
         assert loaded.tag == tag
-        assert isinstance(loaded.features, np.memmap) and isinstance(loaded.indices, np.memmap)
+        assert isinstance(loaded.features.base, np.memmap) and isinstance(loaded.indices.base, np.memmap)  # mapped, as ndarray views
         np.testing.assert_array_equal(loaded.features, g.features)
         np.testing.assert_array_equal(loaded.indptr, g.indptr)
         assert loaded.metadata()["num_edges"] == g.num_edges

@@ -32,6 +32,7 @@ so a prediction sees a batch entirely or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
@@ -47,6 +48,8 @@ OPS = ("add_node", "set_features", "add_edge", "remove_edge", "remove_node")
 _FIELDS = {"add_node": ("id", "features"), "set_features": ("id", "features"), "add_edge": ("src", "dst"),
            "remove_edge": ("src", "dst"), "remove_node": ("id",)}
 MIN_SEGMENT = 4
+FLOAT32_MAX = 3.4e38  # a feature value past this does not fit the float32 rows
+_NUMBER_TYPES = {int, float}  # exactly: bool is an int subclass and is refused
 
 
 class BatchRejected(ApiError):
@@ -242,10 +245,17 @@ class LiveGraph:
         if not isinstance(features, (list, tuple)) or len(features) != self.feature_dim:
             got = len(features) if isinstance(features, (list, tuple)) else type(features).__name__
             raise BatchRejected(i, kind, "features", f"must be {self.feature_dim} numbers, got {got}")
+        # The common case in one pass over the types and one vectorised range check; the loop
+        # below, which names the first bad value, runs only for a batch that is refused.
+        if set(map(type, features)) <= _NUMBER_TYPES:
+            with contextlib.suppress(OverflowError):  # an int past float64: the loop names it
+                values = np.asarray(features, dtype=np.float64)
+                if np.isfinite(values).all() and not (np.abs(values) > FLOAT32_MAX).any():
+                    return
         for x in features:
-            if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+            if not isinstance(x, (int, float)) or isinstance(x, bool) or isinstance(x, float) and not math.isfinite(x):
                 raise BatchRejected(i, kind, "features", f"must be finite numbers, got {x!r}")
-            if abs(x) > 3.4e38:
+            if abs(x) > FLOAT32_MAX:  # an int of any size compares exactly
                 raise BatchRejected(i, kind, "features", f"{x!r} does not fit a float32")
 
     def _check_label(self, i: int, label: Any) -> None:

@@ -199,9 +199,11 @@ class GraphKeeper:
             # Every entry read is applied; whether more wait, the next read says.
             self._pending_acked_at = None
 
-    async def _apply(self, entry: LogEntry, validated: bool = False) -> None:
-        """``validated``: the write path validated these ops against this graph, under the same
-        ``_applying``, just before appending them (no second validation)."""
+    async def _apply(self, entry: LogEntry) -> None:
+        """Apply an entry of the log without validating it again: its writer validated it against
+        the graph at the sequence before it (compare-and-append), which is the graph every worker
+        holds when it reaches the entry; replay (restarts, compaction) applies entries the same
+        way. Validating again in every worker would double each batch's cost on every reader."""
         if entry.sequence != self.graph.sequence + 1:
             return  # applied already (by the write path, or an earlier read)
         if entry.ops and entry.ops[0].get("op") == SNAPSHOT_OP:
@@ -210,8 +212,6 @@ class GraphKeeper:
         async with self.lock:
             if entry.sequence != self.graph.sequence + 1:
                 return
-            if not validated:
-                self.graph.validate(entry.ops)  # the log holds only valid batches; a failure is a bug
             changed = self.graph.apply(entry.ops, entry.sequence)
             if changed:
                 self._on_rows_changed(np.fromiter(changed, np.int64, len(changed)))
@@ -250,7 +250,7 @@ class GraphKeeper:
                 except SequenceConflict:
                     await self._check_head()  # a log behind the graph would conflict forever
                     continue  # a writer elsewhere appended first: catch up, validate again
-                await self._apply(entry, validated=True)
+                await self._apply(entry)
                 return entry
 
     # -- read-your-writes ----------------------------------------------------------------------

@@ -21,11 +21,12 @@ import logging
 
 import bentoml
 import numpy as np
+import orjson
 
 from common import predict_request, wire
 from common.bento.serving import prepare_service_module
 from common.bento.dependencies import connect
-from common.bento.direct_api import OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
+from common.bento.direct_api import JSON, OCTET_STREAM, BinaryBody, DirectApi, ServiceInstance, answers_errors
 from common.batching import AdaptiveBatcher
 from common.errors import ApiError
 from common.feature_tensor import PREMEAN, FeatureTensor, encode
@@ -270,6 +271,21 @@ class FeatureRunner:
         """Apply a batch of graph updates (``runners.feature.graph``): validated whole against the
         graph as the log has it, appended durably to the update log, applied here; every other
         worker applies it from the log. Answers ``{"accepted": N, "sequence": S}``."""
+        return await self._graph_update(ops)
+
+    async def graph_update_body(self, body: bytes) -> bytes:
+        """``graph_update``'s work from the raw JSON body (what ``common.bento.direct_api``
+        answers it with): the ops are checked op by op by ``LiveGraph.validate``, so BentoML's
+        pydantic pass over every op and feature value would only be paid twice."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"invalid JSON: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("ops"), list) or set(doc) != {"ops"}:
+            raise ApiError(400, 'expected {"ops": [...]}')
+        return orjson.dumps(await self._graph_update(doc["ops"]))
+
+    async def _graph_update(self, ops: list[dict]) -> dict:
         try:
             entry = await self.keeper.submit(ops)  # BatchRejected, TooManyOps, LogBehind: ApiErrors
         except LogUnavailable as exc:
@@ -308,5 +324,6 @@ class FeatureRunner:
 
 FeatureRunner.add_asgi_middleware(ServiceGuard)  # outermost: no pickle, no call without the token
 if settings().direct_api:
-    FeatureRunner.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_body"), OCTET_STREAM)},
+    FeatureRunner.add_asgi_middleware(DirectApi, routes={"/predict": (_instance.handler("predict_body"), OCTET_STREAM),
+                                                         "/graph_update": (_instance.handler("graph_update_body"), JSON)},
                                       server_name="FeatureRunner")

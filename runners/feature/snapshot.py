@@ -128,13 +128,13 @@ def write_arrays(snapshot: GraphSnapshot, directory: str) -> None:
 
 
 def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
+    """The snapshot's arrays, memory-mapped read-only with ``mmap``. Each is handed out as a plain
+    ndarray view of its mapping (which it keeps open): slicing an ``np.memmap`` builds a memmap
+    object per slice, several times the cost of an ndarray slice over the same pages, and the
+    overlay and the validation of updates slice one neighbour list per op."""
     mode = "r" if mmap else None
-    arrays = {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode) for name in ARRAYS}
-    for name in OPTIONAL_ARRAYS:
-        path = os.path.join(directory, f"{name}.npy")
-        if os.path.exists(path):
-            arrays[name] = np.load(path, mmap_mode=mode)
-    return arrays
+    names = [*ARRAYS, *(n for n in OPTIONAL_ARRAYS if os.path.exists(os.path.join(directory, f"{n}.npy")))]
+    return {name: np.asarray(np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode)) for name in names}
 
 
 def save_snapshot(snapshot: GraphSnapshot, labels: dict[str, str] | None = None) -> str:
