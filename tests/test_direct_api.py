@@ -136,12 +136,12 @@ def test_each_service_serves_its_hot_api_directly_behind_its_guards():
     from common.service_auth import ServiceGuard
     from services.http_guard import HttpGuard
 
-    for service, api, expected in ((Gateway, "predict", [HttpGuard, DirectApi]),
-                                   (FeatureRunner, "predict", [ServiceGuard, DirectApi]),
-                                   (GraphSAGERunner, "infer", [ServiceGuard, DirectApi])):
+    for service, apis, expected in ((Gateway, ["predict"], [HttpGuard, DirectApi]),
+                                    (FeatureRunner, ["predict", "graph_update"], [ServiceGuard, DirectApi]),
+                                    (GraphSAGERunner, ["infer"], [ServiceGuard, DirectApi])):
         assert [cls for cls, _ in service.middlewares] == expected, service.name
         routes = dict(service.middlewares)[DirectApi]["routes"]
-        assert list(routes) == [service.apis[api].route], service.name
+        assert list(routes) == [service.apis[api].route for api in apis], service.name
 
 
 def test_the_http_guard_keeps_a_503s_reason_and_retry_after():
