@@ -5,9 +5,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from typing import Iterator
 
 import pytest
+
+
+def wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.25):
+    """Poll ``predicate`` until it returns something truthy or ``timeout_s`` passes; its last value.
+    For integration tests that wait on another process (a container, a reloaded routing file)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
 
 
 def bentoml_home(home: str):

@@ -30,6 +30,7 @@ from bentos.image import DEFAULT_IMAGE, human, image_env, image_exists, image_si
 from harness.app import ROOT, free_port, run_export
 from harness.containers import (Containers, ContainerSpec, k8s_docs, k8s_object, podman_available, rewrite_depends,
                                 replace_arg, spec_from_k8s)
+from tests.conftest import wait_for
 
 IMAGE = os.environ.get("GRAPHSAGE_TEST_IMAGE", DEFAULT_IMAGE)
 K8S_DIR = ROOT / "bentos" / "k8s"
@@ -66,14 +67,6 @@ def _dir(root: Path, name: str) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     return _own(d, 0o750)
 
-
-def _wait_for(predicate, timeout_s: float, interval_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
 
 
 def _loopback(spec: ContainerSpec, port: int, depends: dict[str, str]) -> ContainerSpec:
@@ -219,7 +212,7 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         admin = pods.run(spec_from_k8s(docs, "graphsage-model-admin", kind="Job", name=f"gsage-admin-{os.getpid()}",
                                        image=IMAGE, volumes={"home": None, "models": str(store),
                                                              "incoming": str(incoming), "tmp": None}))
-        _wait_for(lambda: admin.exec("test", "-d", "/store-home/incoming").returncode == 0, 60)
+        wait_for(lambda: admin.exec("test", "-d", "/store-home/incoming").returncode == 0, 60)
         out = admin.exec("bentoml", "models", "import", f"/store-home/incoming/{bentomodel.name}", timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert v2 in admin.exec("bentoml", "models", "list").stdout
@@ -240,10 +233,10 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
                 "node_ids": [i], "routing_key": f"user-{i}"}).json()["model"] for i in range(n))
 
         routing_cli("set-weights", "graphsage", f"{v1}=50", f"{v2}=50")
-        mixed = _wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served()), 30)
+        mixed = wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served()), 30)
         assert mixed and set(mixed) == {v1, v2}, mixed
         routing_cli("promote", "graphsage", v2)
-        assert _wait_for(lambda: served(12) == collections.Counter({v2: 12}), 30)
+        assert wait_for(lambda: served(12) == collections.Counter({v2: 12}), 30)
         assert grpc_predict(f"{LOOPBACK}:{ports['grpc']}", ids, api_key=key)["model"] == v2
         report["canary_s"] = round(time.monotonic() - t_canary, 1)
 
@@ -258,7 +251,7 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         assert r.json()["degraded"] is True and [p["node_id"] for p in r.json()["predictions"]] == warm, r.json()
         feature_c.start()
         report["feature_runner_restart_s"] = round(feature_c.wait_ready(urls["FeatureRunner"], READY_TIMEOUT_S), 1)
-        assert _wait_for(lambda: client.post(gateway_url + "/predict", json={"node_ids": warm}).json()["degraded"]
+        assert wait_for(lambda: client.post(gateway_url + "/predict", json={"node_ids": warm}).json()["degraded"]
                          is False, 30), "still degraded after the FeatureRunner came back"
         r = client.post(gateway_url + "/predict", json={"node_ids": ids})
         assert r.status_code == 200 and r.json()["degraded"] is False and r.json()["model"] == v2, r.text

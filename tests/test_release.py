@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import yaml
 
 from common.bento.launch import START_HTTP_SERVER, WORKER_MODULE
 from harness.app import ROOT, free_port
+from tests.conftest import wait_for
 
 K8S_DIR = ROOT / "bentos" / "k8s"
 
@@ -90,14 +90,6 @@ def test_gpu_variant_builds(released):
     assert not any(r.startswith("onnxruntime>") or r == "onnxruntime" for r in reqs)
 
 
-def _wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
-
 
 @pytest.mark.integration
 @pytest.mark.slow
@@ -161,18 +153,18 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
         r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
                                                       "weights": {v1: 50, v2: 50}}, timeout=30)
         assert r.status_code == 200, r.text
-        mixed = _wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served(24)))
+        mixed = wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served(24)))
         assert mixed and set(mixed) == {v1, v2}, mixed
         r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
                                                       "weights": {v1: 0, v2: 100}}, timeout=30)
         assert r.status_code == 200, r.text
-        assert _wait_for(lambda: served() == collections.Counter({v2: 12}))
+        assert wait_for(lambda: served() == collections.Counter({v2: 12}))
         assert grpc_predict(f"127.0.0.1:{grpc_port}", ids, seed=5)["model"] == v2
         # The same change made on the routing file by the CLI (as for a ConfigMap): promote v1.
         cli = subprocess.run([sys.executable, "-m", "services.routing", "--file", str(routes), "promote",
                               "graphsage", v1], cwd=ROOT, capture_output=True, text=True)
         assert cli.returncode == 0, cli.stderr
-        assert _wait_for(lambda: served() == collections.Counter({v1: 12}))
+        assert wait_for(lambda: served() == collections.Counter({v1: 12}))
     finally:
         dep.down()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
