@@ -52,10 +52,14 @@ class BadPredictRequest(ValueError):
 
 
 def encode(node_ids: Sequence[int], seeds: Sequence[int], fanout: Sequence[int] | None, model: str,
-           embedding: bool, dtype: str, min_sequence: int = 0, explain: bool = False) -> bytes:
+           embedding: bool, dtype: str, min_sequence: int = 0, explain: bool = False,
+           premean: bool | None = None) -> bytes:
     """One seed for all nodes travels in the options (the common case: one client request).
     ``min_sequence``: answer only once this graph update is applied (0: now). ``explain``: also
-    the neighbourhood and each hop-1 neighbour's influence (``runners.feature.explain``)."""
+    the neighbourhood and each hop-1 neighbour's influence (``runners.feature.explain``).
+    ``premean``: the input layout asked for (None: the FeatureRunner's choice by the call's size;
+    True: premean where the version takes it; False: full rows), so the shadow canary's merged
+    call runs on the layout its primary's call ran on."""
     arrays = {"node_ids": np.asarray(node_ids, dtype=np.int64)}
     options: dict[str, Any] = {"model": model, "embedding": embedding, "dtype": dtype,
                                "fanout": list(fanout) if fanout is not None else None, "seed": None}
@@ -63,6 +67,8 @@ def encode(node_ids: Sequence[int], seeds: Sequence[int], fanout: Sequence[int] 
         options["min_sequence"] = int(min_sequence)
     if explain:
         options["explain"] = True
+    if premean is not None:
+        options["premean"] = bool(premean)
     if len(set(seeds)) == 1:
         options["seed"] = int(seeds[0])
     else:
@@ -90,4 +96,6 @@ def decode(body: bytes | bytearray | memoryview) -> tuple[dict[str, Any], np.nda
         raise BadPredictRequest("options: min_sequence must be an integer >= 0")
     if not isinstance(options.get("explain", False), bool):
         raise BadPredictRequest("options: explain must be a bool")
+    if options.get("premean") is not None and not isinstance(options["premean"], bool):
+        raise BadPredictRequest("options: premean must be a bool or absent")
     return options, ids, seeds

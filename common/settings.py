@@ -186,6 +186,10 @@ class ShadowSection(BaseModel):
     shadow_max_inflight: Count = Field(
         1, description="shadow calls in flight per gateway worker (each takes every request waiting, up to "
                        "`GSAGE_COALESCE_MAX_NODES` nodes)")
+    shadow_batch_nodes: Count = Field(
+        256, description="a shadow call starts once this many nodes wait (or the oldest waited `GSAGE_SHADOW_LINGER_MS`): "
+                         "off the response path, larger calls cost less per request")
+    shadow_linger_ms: NonNegative = Field(50.0, description="the longest a shadowed request waits for others to share its call")
     shadow_timeout_s: Positive = Field(2.0, description="deadline of one shadow call (a failure counts for the shadow only)")
     shadow_stats_dir: str = Field(
         "", description="where each gateway worker writes its shadow figures, for `GET /admin/shadow` and the routing "
@@ -241,6 +245,9 @@ class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, M
             raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
         if self.graph_log == "redis" and not self.graph_log_url:
             raise ValueError("GSAGE_GRAPH_LOG=redis needs GSAGE_GRAPH_LOG_REDIS_URL or GSAGE_REDIS_URL")
+        if self.shadow_batch_nodes > self.coalesce_max_nodes:
+            raise ValueError(f"GSAGE_SHADOW_BATCH_NODES ({self.shadow_batch_nodes}) is over GSAGE_COALESCE_MAX_NODES "
+                             f"({self.coalesce_max_nodes}), the most one shadow call may carry: it would never fill")
         return self
 
     @property

@@ -84,7 +84,8 @@ class Gateway:
             "predict", predict_request.encode(dtype=cfg.feature_transport_dtype, **kw))
         self.shadow = ShadowCanary(
             self.routing.shadow_for, feature_predict, queue_size=cfg.shadow_queue_size,
-            max_inflight=cfg.shadow_max_inflight, max_nodes=cfg.coalesce_max_nodes, timeout_s=cfg.shadow_timeout_s,
+            max_inflight=cfg.shadow_max_inflight, max_nodes=cfg.coalesce_max_nodes,
+            batch_nodes=cfg.shadow_batch_nodes, linger_s=cfg.shadow_linger_ms / 1000, timeout_s=cfg.shadow_timeout_s,
             breaker=CircuitBreaker.from_settings("shadow", cfg),
             stats_path=worker_stats_path(stats_dir(cfg.shadow_stats_dir, cfg.routing_file)),
             flush_interval_s=cfg.routing_poll_interval_s, observer=ShadowPrometheus())

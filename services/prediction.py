@@ -213,7 +213,8 @@ class PredictionCore:
             out.append(answer)
             lo = hi
         if self.shadow is not None:  # only queued here: the shadow's call never delays these answers
-            self.shadow.offer(first.tag, [(c.req, c.seed, a) for c, a in zip(calls, out)], time.perf_counter() - started)
+            self.shadow.offer(first.tag, [(c.req, c.seed, a) for c, a in zip(calls, out)], time.perf_counter() - started,
+                              meta.get("layout"))
         return out
 
     @staticmethod

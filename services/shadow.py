@@ -13,7 +13,11 @@ Off the response path, by construction:
   before the offer and only read here.
 - ``max_inflight`` worker tasks take what waits (at most ``max_nodes`` nodes, so several
   requests make one FeatureRunner call, each keeping its own seed per node, as the core's
-  coalescer does) and call the FeatureRunner with the shadow version.
+  coalescer does) and call the FeatureRunner with the shadow version. A worker starts a call
+  once ``batch_nodes`` nodes wait or the oldest request has waited ``linger_s``: no answer waits
+  on the shadow, so it trades its own latency for fewer, larger calls, and a call's fixed cost
+  (two HTTP hops, a batch in the model runner) is shared by many requests
+  (``python bench/bench_shadow.py`` prints the requests per call beside the cost).
 - The shadow has a breaker of its own and never touches the primary's: a failing shadow
   version costs its own calls (counted as ``failed``) and nothing else.
 
@@ -36,9 +40,11 @@ a compared request):
   1e-5..100 s).
 
 A mean-aggregator version gets the premean FeatureTensor for calls of at least
-``GSAGE_PREMEAN_MIN_TARGETS`` nodes. The shadow's call merges requests as its own queue holds
-them, so a pair of the same version may see one side in each layout: a probability difference
-of float16 rounding, never a different neighbourhood.
+``GSAGE_PREMEAN_MIN_TARGETS`` nodes, and the shadow's calls merge more requests than the
+primary's. So the model runner's answer names the input layout it ran on, and the shadow asks
+the FeatureRunner for that layout (requests of both layouts go in separate calls): a version
+shadowing itself differs by the float32 rounding of another batch shape at most, not by float16
+premean rounding.
 
 Figures are per gateway worker; with a stats directory (``stats_path``, beside the routing file
 by default), each worker writes its own file about once per ``flush_interval_s`` (no fsync: they
@@ -72,6 +78,7 @@ import numpy as np
 from common import wire
 from common.breaker import BreakerOpen, CircuitBreaker
 from common.errors import KindOfError
+from common.feature_tensor import PREMEAN
 from common.remote import failure_reason
 from services.answer import MULTILABEL_THRESHOLD, Answer
 from services.protocol import PredictRequest
@@ -404,6 +411,8 @@ class _Job:
     probs: np.ndarray
     multilabel: bool
     primary_s: float
+    queued_at: float
+    premean: bool | None  # the primary's input layout (None: not said; the FeatureRunner chooses)
 
 
 class ShadowObserver(Protocol):
@@ -417,7 +426,8 @@ class ShadowObserver(Protocol):
 
 class ShadowCanary:
     def __init__(self, route: Callable[[str], ShadowTarget | None], predict: PredictCall, *,
-                 queue_size: int = 1024, max_inflight: int = 1, max_nodes: int = 2048, timeout_s: float = 2.0,
+                 queue_size: int = 1024, max_inflight: int = 1, max_nodes: int = 2048, batch_nodes: int = 1,
+                 linger_s: float = 0.0, timeout_s: float = 2.0,
                  breaker: CircuitBreaker | None = None, stats_path: str | None = None,
                  flush_interval_s: float = 1.0, observer: ShadowObserver | None = None,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -430,6 +440,9 @@ class ShadowCanary:
         self.queue_size = queue_size
         self.max_inflight = max_inflight
         self.max_nodes = max_nodes
+        self.batch_nodes = batch_nodes
+        self.linger_s = linger_s
+        self._waiting_nodes = 0
         self.timeout_s = timeout_s
         self.breaker = breaker or CircuitBreaker("shadow", clock=clock)
         self.stats_path = stats_path
@@ -449,9 +462,11 @@ class ShadowCanary:
 
     # -- the core's hook: never waits, never raises --------------------------------------------------
 
-    def offer(self, tag: str, answered: Sequence[tuple[PredictRequest, int, Answer]], primary_s: float) -> None:
+    def offer(self, tag: str, answered: Sequence[tuple[PredictRequest, int, Answer]], primary_s: float,
+              layout: str | None = None) -> None:
         """Queue the shadow of requests the primary ``tag`` answered in one call of
-        ``primary_s`` seconds: (request, the seed it was sampled with, its answer)."""
+        ``primary_s`` seconds on the input ``layout`` (the model runner's answer says it):
+        (request, the seed it was sampled with, its answer)."""
         try:
             target = self._route(tag)
             if target is None or target.share <= 0:
@@ -464,7 +479,9 @@ class ShadowCanary:
                     continue
                 self._waiting.append(_Job(tag, target.version, list(req.node_ids), seed,
                                           tuple(req.fanout) if req.fanout else None, req.min_sequence or 0,
-                                          answer.probs, answer.multilabel, primary_s))
+                                          answer.probs, answer.multilabel, primary_s, self._clock(),
+                                          None if layout is None else layout == PREMEAN))
+                self._waiting_nodes += len(req.node_ids)
             if self._waiting:
                 self._start_workers()
                 self._wake.set()
@@ -487,6 +504,7 @@ class ShadowCanary:
                     await asyncio.wait_for(self._wake.wait(), self.flush_interval_s if due else None)
                 except TimeoutError:
                     self.flush()
+            await self._linger()
             jobs = self._take()
             self._busy += 1
             try:
@@ -500,28 +518,43 @@ class ShadowCanary:
             if self.stats_path is not None and self._clock() - self._last_flush >= self.flush_interval_s:
                 self.flush()
 
+    async def _linger(self) -> None:
+        """Until ``batch_nodes`` nodes wait or the oldest request has waited ``linger_s``: the
+        shadow is off the response path, so it trades its own latency for fewer, larger calls."""
+        while self._waiting and self._waiting_nodes < self.batch_nodes:
+            left = self._waiting[0].queued_at + self.linger_s - self._clock()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+
     def _take(self) -> list[_Job]:
         jobs = [self._waiting.popleft()]
         nodes = len(jobs[0].node_ids)
         while self._waiting and nodes + len(self._waiting[0].node_ids) <= self.max_nodes:
             nodes += len(self._waiting[0].node_ids)
             jobs.append(self._waiting.popleft())
+        self._waiting_nodes -= nodes
         return jobs
 
     async def _run(self, jobs: list[_Job]) -> None:
-        groups: dict[tuple[str, tuple[int, ...] | None], list[_Job]] = {}
+        groups: dict[tuple[str, tuple[int, ...] | None, bool | None], list[_Job]] = {}
         for job in jobs:
-            groups.setdefault((job.shadow, job.fanout), []).append(job)
-        for (shadow, fanout), group in groups.items():
-            await self._run_group(shadow, fanout, group)
+            groups.setdefault((job.shadow, job.fanout, job.premean), []).append(job)
+        for (shadow, fanout, premean), group in groups.items():
+            await self._run_group(shadow, fanout, premean, group)
 
-    async def _run_group(self, shadow: str, fanout: tuple[int, ...] | None, group: list[_Job]) -> None:
+    async def _run_group(self, shadow: str, fanout: tuple[int, ...] | None, premean: bool | None,
+                         group: list[_Job]) -> None:
         started = self._clock()
         try:
             packed = await self.breaker.call(
                 self._predict, node_ids=[n for j in group for n in j.node_ids], fanout=list(fanout) if fanout else None,
                 seeds=[j.seed for j in group for _ in j.node_ids], model=shadow, embedding=False,
-                min_sequence=max(j.min_sequence for j in group), timeout_s=self.timeout_s)
+                min_sequence=max(j.min_sequence for j in group), premean=premean, timeout_s=self.timeout_s)
             meta, arrays = wire.unpack(packed)
         except Exception as exc:  # noqa: BLE001 - any failure is the shadow's alone
             # While its breaker is open, the failure that opened it stays the one reported.

@@ -16,7 +16,7 @@ import pytest
 from common import predict_request
 
 from common import wire
-from common.feature_tensor import PREMEAN, decode
+from common.feature_tensor import LAYOUT, PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from harness.app import SplitApp, answers_under_load, free_port
 from tests.conftest import bentoml_home, private_store
@@ -184,13 +184,18 @@ def test_model_runner_takes_an_envelope_and_rejects_anything_else(app, env):
 def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor (premean: the
     demo model is a mean model) gives the model runner when sent there by hand, and passes the
-    model runner's 404 through."""
+    model runner's 404 through. The answer names the input layout; a caller may ask for one."""
     body = {"node_ids": [3, 9, 3, 3999] * 5, "seed": 77, "dtype": "float16"}  # 20 >= GSAGE_PREMEAN_MIN_TARGETS
     octet = {"content-type": "application/octet-stream", **app.service_headers}
 
-    def chain(model: str) -> httpx.Response:
+    def chain(model: str, ids: list[int] = body["node_ids"], premean: bool | None = None) -> httpx.Response:
         return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=predict_request.encode(
-            body["node_ids"], [77] * 20, None, model, False, "float16"))
+            ids, [77] * len(ids), None, model, False, "float16", premean=premean))
+
+    for ids, premean, layout in ((body["node_ids"], None, PREMEAN), (body["node_ids"], False, LAYOUT),
+                                 ([3, 9], None, LAYOUT), ([3, 9], True, PREMEAN)):
+        answered = chain(env["v1"], ids, premean)
+        assert answered.status_code == 200 and wire.unpack(answered.content)[0]["layout"] == layout, (ids, premean)
 
     chained = chain(env["v1"])
     assert chained.status_code == 200, chained.text
@@ -502,9 +507,7 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
     routes_file = env["settings"]["GSAGE_ROUTING_FILE"]
     try:
         assert admin(app, env, {"action": "set_shadow", "version": v1, "share": 1.0}).status_code == 200
-        # One request at a time, each shadowed before the next: both sides' calls then hold the same
-        # nodes, so a mean model gets the same input layout on both (GSAGE_PREMEAN_MIN_TARGETS)
-        # and the answers are bit-equal, not merely within float16 rounding.
+        # One request at a time, each shadowed before the next.
         for i in range(12):
             body = {"node_ids": [(i * 37 + k) % 4000 for k in range(1 + i % 3)], "version": pin}
             assert predict(app, env, body).status_code == 200
@@ -517,6 +520,16 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
         assert (same["requests"], same["failed"], same["dropped"]) == (15, 0, 0), same
         assert same["agreement"] == 1.0 and same["probability_diff"]["max"] == 0.0, same
         assert same["probability_diff"]["p99"] == 0.0 and same["predictions"] == 30, same
+        # Requests one after the other without waiting for their shadow: most are under
+        # GSAGE_PREMEAN_MIN_TARGETS (full rows), and the shadow merges them into calls over it.
+        # Each still runs on its primary's layout, so the answers differ by the float32 rounding
+        # of another batch shape (~1e-8), not by float16 premean rounding (~1e-5).
+        burst = [{"node_ids": [(i * 53 + k) % 4000 for k in range(20 if i % 4 == 0 else 8 + i % 8)], "version": pin}
+                 for i in range(24)]
+        assert all(predict(app, env, b).status_code == 200 for b in burst)
+        same = shadow_pair(app, env, v1, v1, 15 + len(burst))
+        assert same["predictions"] == 30 + sum(len(b["node_ids"]) for b in burst), same
+        assert same["agreement"] == 1.0 and same["probability_diff"]["max"] < 1e-6, same
 
         assert admin(app, env, {"action": "set_shadow", "version": v2}).status_code == 200
         bodies = [{"node_ids": [(i * 101 + k) % 4000 for k in range(3)], "seed": 500 + i, "version": pin}

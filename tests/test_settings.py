@@ -72,6 +72,8 @@ def test_cross_field_rules(tmp_path):
         load_settings({"GSAGE_TLS_CERT_FILE": str(cert)})
     with pytest.raises(SettingsError, match="GSAGE_API_KEYS_FILE is empty"):
         load_settings({"GSAGE_AUTH_ENABLED": "1"})
+    with pytest.raises(SettingsError, match=r"GSAGE_SHADOW_BATCH_NODES \(300\) is over GSAGE_COALESCE_MAX_NODES \(200\)"):
+        load_settings({"GSAGE_SHADOW_BATCH_NODES": "300", "GSAGE_COALESCE_MAX_NODES": "200"})
     keys = tmp_path / "keys.json"
     keys.write_text("[]")
     s = load_settings({"GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(keys)})

@@ -19,6 +19,7 @@ import pytest
 
 from common import wire
 from common.breaker import BreakerState, CircuitBreaker
+from common.feature_tensor import LAYOUT, PREMEAN
 from common.remote import UpstreamFailed
 from services.answer import MULTILABEL_THRESHOLD
 from services.prediction import PredictionCore
@@ -58,21 +59,34 @@ class FakeFeatureRunner:
     test can tell whose calls saw which seeds; ``failing`` versions raise, ``gate`` holds the
     shadow's calls until set."""
 
-    def __init__(self, multilabel: bool = False) -> None:
+    def __init__(self, multilabel: bool = False, premean_from: int | None = None) -> None:
+        """``premean_from``: answers name the premean layout for the primary's calls of at least
+        this many nodes, as the model runner's do (None: no layout named)."""
         self.multilabel = multilabel
+        self.premean_from = premean_from
         self.calls: dict[str, list[tuple[str, list[int], list[int]]]] = {"primary": [], "shadow": []}
+        self.started: dict[str, list[float]] = {"primary": [], "shadow": []}
+        self.layouts: dict[str, list[bool | None]] = {"primary": [], "shadow": []}
         self.failing: set[str] = set()
         self.gate: asyncio.Event | None = None
 
-    async def _predict(self, side: str, node_ids, fanout=None, seeds=None, model="", embedding=False, min_sequence=0):
+    async def _predict(self, side: str, node_ids, fanout=None, seeds=None, model="", embedding=False, min_sequence=0,
+                       premean=None):
         self.calls[side].append((model, list(node_ids), list(seeds)))
+        self.started[side].append(asyncio.get_running_loop().time())
+        if side == "primary" and self.premean_from is not None:
+            premean = len(node_ids) >= self.premean_from
+        self.layouts[side].append(premean)
+        meta = {"model": model, "task": "multilabel" if self.multilabel else "multiclass"}
+        if premean is not None:
+            meta["layout"] = PREMEAN if premean else LAYOUT
         await asyncio.sleep(0.01)
         if side == "shadow" and self.gate is not None:
             await self.gate.wait()
         if model in self.failing:
             raise UpstreamFailed(f"model runner unavailable: {model} failed")
         probs = fake_probs(model, np.array(node_ids, np.int64), np.array(seeds, np.int64), self.multilabel)
-        return wire.pack({"probs": probs}, {"model": model, "task": "multilabel" if self.multilabel else "multiclass"})
+        return wire.pack({"probs": probs}, meta)
 
     async def primary(self, **kw):
         return await self._predict("primary", **kw)
@@ -145,6 +159,51 @@ def test_the_shadow_sees_the_primarys_neighbourhood_same_version_equal_answers()
     assert stats.failed == stats.dropped == 0
     assert runners.seen("shadow") == runners.seen("primary")  # the same (node, seed) pairs, one by one
     assert len(runners.calls["shadow"]) < 30  # requests waiting together make one shadow call
+
+
+def test_a_shadow_call_waits_for_batch_nodes_or_the_oldest_requests_linger():
+    """Off the response path, the shadow merges more than the primary: a call starts once
+    ``batch_nodes`` nodes wait, else when the oldest waiting request has waited ``linger_s``."""
+    runners = FakeFeatureRunner()
+    reqs = requests(7)  # 1, 2, 3, 4, 1, 2, 3 nodes, one at a time: the primary answers every 0.01 s
+
+    async def main():
+        core, canary = make(runners, shadow=V1, batch_nodes=10, linger_s=0.045)
+        answers = [await core.predict(r) for r in reqs]
+        await canary.drain()
+        return answers
+
+    run(main())
+    offered = runners.started["primary"]
+    shadow_sizes = [len(ids) for _, ids, _ in runners.calls["shadow"]]
+    # 1+2+3+4 = 10 nodes wait once the fourth is answered: the call starts then, no linger.
+    assert runners.started["shadow"][0] == pytest.approx(offered[3] + 0.01) and shadow_sizes[0] == 10
+    # 1+2+3 = 6 < 10: they leave once the fifth (the oldest) has waited 0.045 s.
+    assert runners.started["shadow"][1] == pytest.approx(offered[4] + 0.01 + 0.045) and shadow_sizes[1] == 6
+    assert runners.seen("shadow") == runners.seen("primary")
+
+
+def test_the_shadow_runs_on_its_primarys_input_layout():
+    """The model runner's answer names the layout (premean for larger calls of a mean model);
+    merged shadow calls ask for it, so a version shadowing itself answers bit for bit the same."""
+    runners = FakeFeatureRunner(premean_from=3)
+    reqs = requests(8)
+
+    async def main():
+        core, canary = make(runners, shadow=V1, batch_nodes=1000, linger_s=1.0)
+        for r in reqs:
+            await core.predict(r)
+        await canary.drain()
+        return canary.pairs[(V1, V1)]
+
+    stats = run(main())
+    primary_layout = {(n, s): p for (_, ids, seeds), p in zip(runners.calls["primary"], runners.layouts["primary"])
+                      for n, s in zip(ids, seeds)}
+    shadow_layout = {(n, s): p for (_, ids, seeds), p in zip(runners.calls["shadow"], runners.layouts["shadow"])
+                     for n, s in zip(ids, seeds)}
+    assert shadow_layout == primary_layout and set(primary_layout.values()) == {True, False}
+    assert len(runners.calls["shadow"]) == 2  # all waited together: one call per layout
+    assert stats.requests == 8 and stats.agreement == 1.0 and stats.diff.max == 0.0
 
 
 def direct_figures(reqs: list[PredictRequest], multilabel: bool = False) -> dict:

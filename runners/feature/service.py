@@ -187,14 +187,15 @@ class FeatureRunner:
             return await self._explained(node_ids, options.get("fanout"), options.get("seed"),
                                          options.get("dtype", "float32"), seeds, options["model"], options["embedding"])
         return await self._predict(node_ids, options.get("fanout"), options.get("seed"), options.get("dtype", "float32"),
-                                   seeds, options["model"], options["embedding"])
+                                   seeds, options["model"], options["embedding"], options.get("premean"))
 
     async def _predict(self, node_ids: np.ndarray, fanout: list[int] | None, seed: int | None, dtype: str,
-                       seeds: np.ndarray | None, model: str, embedding: bool) -> bytes:
+                       seeds: np.ndarray | None, model: str, embedding: bool, asked: bool | None = None) -> bytes:
+        """``asked``: the caller's layout (``predict_request.encode``'s ``premean``), else by size."""
         # One budget for every model runner call of this request, spent only while waiting on it.
         budget = WaitBudget(self._infer_timeout_s)
-        premean = (self._premean_enabled and node_ids.size >= self._premean_min_targets
-                   and await self._premean_for(model, budget))
+        wanted = asked if asked is not None else node_ids.size >= self._premean_min_targets
+        premean = self._premean_enabled and wanted and await self._premean_for(model, budget)
         for attempt in ((True, False) if premean else (False,)):  # premean first, full rows if refused
             ft = await self._tensor(node_ids, fanout, seed, dtype, seeds, attempt)
             try:

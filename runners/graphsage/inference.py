@@ -206,6 +206,6 @@ def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[
             lo, hi = batch.bounds[n], batch.bounds[n + 1]
             results[i] = {"model": model.artifacts.tag, "backend": model.backend.name,
                           "precision": model.backend.precision, "task": model.artifacts.config.task,
-                          "logits": logits[lo:hi], "probs": probs[lo:hi],
+                          "layout": items[i].tensor.layout, "logits": logits[lo:hi], "probs": probs[lo:hi],
                           **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {})}
     return results

@@ -122,7 +122,7 @@ class GraphSAGERunner:
     async def infer(self, request: BinaryBody, /) -> BinaryBody:
         """Run a model on an encoded FeatureTensor. The body is ``wire.envelope({"model": tag,
         "embedding": bool}, tensor)``; returns logits/probs (and embedding) packed with
-        ``common.wire``, meta: the exact model tag, backend and task."""
+        ``common.wire``, meta: the exact model tag, backend, precision, task and the input layout it ran on."""
         return await self.infer_body(request)
 
     async def infer_body(self, request: bytes) -> bytes:
@@ -141,7 +141,7 @@ class GraphSAGERunner:
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, ft, embedding, loaded))
         labelled(model_metrics().requests, result["model"], result["backend"]).inc()
         arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
-        return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "precision", "task")})
+        return wire.pack(arrays, {k: result[k] for k in ("model", "backend", "precision", "task", "layout")})
 
     @bentoml.api
     @answers_errors
