@@ -505,6 +505,8 @@ class ShadowCanary:
                 except TimeoutError:
                     self.flush()
             await self._linger()
+            if not self._waiting:  # another worker took them while this one lingered
+                continue
             jobs = self._take()
             self._busy += 1
             try:

@@ -183,6 +183,29 @@ def test_a_shadow_call_waits_for_batch_nodes_or_the_oldest_requests_linger():
     assert runners.seen("shadow") == runners.seen("primary")
 
 
+def test_lingering_workers_share_the_queue_without_losing_a_request():
+    """Two workers may both wait for the same requests; the one that finds them taken goes back
+    to waiting (it once took from an empty queue and died, to be replaced at the next offer)."""
+    runners = FakeFeatureRunner()
+    runners.gate = asyncio.Event()
+    reqs = requests(12)
+
+    async def main():
+        core, canary = make(runners, shadow=V1, max_inflight=2, batch_nodes=4, linger_s=0.045)
+        await core.predict(reqs[0])
+        workers = list(canary._workers)
+        for r in reqs[1:]:  # the third fills a call (1 + 2 + 3 nodes), held at the gate
+            await core.predict(r)
+        runners.gate.set()
+        await canary.drain()
+        return canary, workers, list(canary._workers), [w.done() for w in workers]
+
+    canary, first, last, done = run(main())
+    assert canary.pairs[(V1, V1)].requests == 12 and canary.pairs[(V1, V1)].failed == 0
+    assert len(first) == 2 and last == first and done == [False, False]  # the same two, alive
+    assert runners.seen("shadow") == runners.seen("primary")
+
+
 def test_the_shadow_runs_on_its_primarys_input_layout():
     """The model runner's answer names the layout (premean for larger calls of a mean model);
     merged shadow calls ask for it, so a version shadowing itself answers bit for bit the same."""
