@@ -69,11 +69,6 @@ def trees_per_node(url: str, bodies: list[bytes], sample: int = 50) -> float:
     return trees / max(nodes, 1)
 
 
-def cpu(app: SplitApp) -> dict[str, float]:
-    return {"gateway": app.gateway.cpu_seconds(), "feature": app.feature.cpu_seconds(),
-            "model": app.model.cpu_seconds()}
-
-
 def side_summary(parts: list[loadgen.LoadResult], cpu_s: Counter, size: int) -> dict[str, Any]:
     s = loadgen.LoadResult.pooled(parts).summary()
     nodes = max(s["ok"], 1) * size
@@ -120,10 +115,10 @@ def main() -> None:
         for r in range(a.rounds):
             for n in sizes:
                 for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
-                    start = cpu(app)
+                    start = app.cpu_seconds()
                     res = asyncio.run(loadgen.closed_loop(url, pools[(n, side)], a.concurrency, a.window,
                                                           warmup_requests=a.concurrency, nodes_per_request=n))
-                    end = cpu(app)
+                    end = app.cpu_seconds()
                     cpu_s[(n, side)].update({k: end[k] - start[k] for k in start})
                     parts[(n, side)].append(res)
                     s = res.summary()

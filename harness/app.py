@@ -80,6 +80,12 @@ class SplitApp:
         deps = {"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url}
         return Service("Gateway", free_port(), env, depends=deps, log_dir=None)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """Each service's process tree's user + system seconds so far (benchmarks divide the
+        difference over a window by the requests answered in it)."""
+        return {"gateway": self.gateway.cpu_seconds(), "feature": self.feature.cpu_seconds(),
+                "model": self.model.cpu_seconds()}
+
     def start(self) -> "SplitApp":
         """Start the three services; when one fails to start, stop those already started."""
         try:

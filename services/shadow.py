@@ -471,6 +471,7 @@ class ShadowCanary:
             target = self._route(tag)
             if target is None or target.share <= 0:
                 return
+            now, premean = self._clock(), None if layout is None else layout == PREMEAN
             for req, seed, answer in answered:
                 if answer.degraded or (target.share < 1 and self._rng.random() >= target.share):
                     continue
@@ -479,8 +480,7 @@ class ShadowCanary:
                     continue
                 self._waiting.append(_Job(tag, target.version, list(req.node_ids), seed,
                                           tuple(req.fanout) if req.fanout else None, req.min_sequence or 0,
-                                          answer.probs, answer.multilabel, primary_s, self._clock(),
-                                          None if layout is None else layout == PREMEAN))
+                                          answer.probs, answer.multilabel, primary_s, now, premean))
                 self._waiting_nodes += len(req.node_ids)
             if self._waiting:
                 self._start_workers()
