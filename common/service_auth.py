@@ -7,10 +7,13 @@ does with a request) admits it only when the token is one of the accepted ones. 
 metrics routes stay open for probes and scrapers; everything else, the OpenAPI documents
 included, answers 401 without a token.
 
-The guard also refuses every request body that is neither JSON nor ``application/octet-stream``
-with 415, before any parser sees it and whatever the token: a service BentoML starts as a
-dependency (``start-http-server --service-name X``) would otherwise unpickle
-``application/vnd.bentoml+pickle`` bodies, which runs code of the sender's choosing.
+The guard also refuses every request body that is not of its route's media type (JSON or
+``application/octet-stream``) with 415, before any parser sees it and whatever the token, and a
+request that sends ``Content-Type`` (or ``Authorization``, or another header that decides how a
+body is read) twice with 400: a service BentoML starts as a dependency (``start-http-server
+--service-name X``) would otherwise unpickle ``application/vnd.bentoml+pickle`` bodies, which
+runs code of the sender's choosing, and BentoML reads the first of two ``Content-Type`` headers
+(``common.request_headers``).
 
 Tokens (``Settings.service_tokens`` or ``Settings.service_tokens_file``; at most two):
 
@@ -34,11 +37,12 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from common.errors import ApiError, send_error
 from common.files import file_signature
+from common.request_headers import BODY_METHODS, JSON, OCTET_STREAM, RequestHeaders, with_body_type
 
 log = logging.getLogger("graphsage.service_auth")
 
@@ -54,9 +58,8 @@ MAX_TOKEN_CHARS = 512
 RELOAD_INTERVAL_S = 1.0
 # Probes and scrapers: no token, no body.
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # What the services here send each other: JSON (admin calls) and the binary wire format.
-ACCEPTED_MEDIA_TYPES = frozenset({"application/json", "application/octet-stream"})
+ACCEPTED_MEDIA_TYPES = (JSON, OCTET_STREAM)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="graphsage-internal"'}
 
 
@@ -169,17 +172,21 @@ def bearer(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def media_type(headers: dict[str, str]) -> str:
-    return headers.get("content-type", "").split(";")[0].strip().lower()
-
-
 class ServiceGuard:
-    """Outermost middleware of a runner: 415 for any body that is not JSON or octet-stream, then
-    401 for any call without an accepted token, except the probe and scrape routes."""
+    """Outermost middleware of a runner. In this order, whatever the token: 400 for a request
+    that sends a header of ``common.request_headers.SINGLE_VALUED`` twice; 415 for a body that is
+    not of the route's media type (JSON or ``application/octet-stream`` where the route is not
+    in ``routes``), or is encoded; 406 for an ``Accept`` that excludes the route's answer. Then
+    401 for any call without an accepted token, except the probe and scrape routes. What passes
+    carries the one ``Content-Type`` judged here (``with_body_type``).
 
-    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | None = None) -> None:
+    ``routes``: path -> (the body's media type, the answer's)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | None = None,
+                 routes: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.app = app
         self._tokens = tokens
+        self._routes = dict(routes or {})
 
     @property
     def tokens(self) -> ServiceTokens:
@@ -189,17 +196,27 @@ class ServiceGuard:
             self._tokens = ServiceTokens.from_settings(settings())
         return self._tokens
 
+    def _admit_headers(self, scope: Scope, headers: RequestHeaders) -> Scope:
+        """The scope to pass on; raises the ``ApiError`` that refuses the request."""
+        route = self._routes.get(scope["path"])
+        if route is not None:
+            headers.check_accept(route[1])
+        if scope.get("method") not in BODY_METHODS:
+            return scope
+        return with_body_type(scope, headers.body_type((route[0],) if route else ACCEPTED_MEDIA_TYPES))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        if scope.get("method") in BODY_METHODS and media_type(headers) not in ACCEPTED_MEDIA_TYPES:
-            kind = media_type(headers) or "(none)"
-            return await send_error(send, ApiError(415, f"media type {kind} is not accepted here; "
-                                                        "send application/json or application/octet-stream"))
+        try:
+            headers = RequestHeaders(scope.get("headers", ()))
+            scope = self._admit_headers(scope, headers)
+        except ApiError as exc:
+            return await send_error(send, exc)
         if scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        if not self.tokens.accepts(bearer(headers.get("authorization"))):
-            reason = "no service token" if "authorization" not in headers else "service token not accepted"
+        presented = headers.get("authorization")
+        if not self.tokens.accepts(bearer(presented)):
+            reason = "no service token" if presented is None else "service token not accepted"
             return await send_error(send, ApiError(401, f"{reason}: this is an internal service", CHALLENGE))
         await self.app(scope, receive, send)

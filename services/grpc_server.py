@@ -48,6 +48,7 @@ from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
 from common.errors import ApiError
+from common.request_headers import RequestHeaders
 from services.access import resolve_access
 from services.answer import Answer
 from services.grpc_codegen import ensure_stubs
@@ -208,10 +209,9 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         self.limiter = limiter
 
     async def _admit(self, context: grpc.aio.ServicerContext, scope: str) -> None:
-        metadata: dict[str, str] = {}
-        for key, value in context.invocation_metadata() or ():
-            if isinstance(value, str):
-                metadata.setdefault(key.lower(), value)
+        # One reading of the credentials, as HTTP's: a second authorization or x-api-key is refused.
+        metadata = RequestHeaders((key.encode("latin-1"), value.encode("latin-1"))
+                                  for key, value in context.invocation_metadata() or () if isinstance(value, str))
         principal = self.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)  # AuthError
         decision = await self.limiter.acquire(principal.name)
         if not decision.allowed:

@@ -1,7 +1,10 @@
 """ASGI middleware in front of the gateway's HTTP routes: what must happen before any parsing.
 
-- Refuses every body that is not JSON (415): BentoML's internal pickle media type, multipart
-  and form bodies never reach a parser from outside.
+- Refuses a request that sends ``Content-Type``, ``Authorization``, ``X-API-Key`` or another
+  header of ``common.request_headers.SINGLE_VALUED`` twice (400), every body that is not JSON or
+  is encoded (415: BentoML's internal pickle media type, multipart and form bodies never reach a
+  parser from outside), and an ``Accept`` that excludes JSON (406); what passes carries the one
+  ``Content-Type`` judged here.
 - Rejects oversized bodies early (413), by Content-Length and by counting streamed bytes.
 - Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``,
   ``POST /graph/updates`` ``graph``, the rest of the API ``predict``; health, metrics and the
@@ -17,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from common.errors import ApiError, message_from_body, send_error
-from common.service_auth import BODY_METHODS, media_type
+from common.request_headers import BODY_METHODS, JSON, RequestHeaders, with_body_type
 from services.auth import ApiKeyAuth, AuthError
 from services.ratelimit import rate_limited
 from services.access import resolve_access
@@ -57,12 +60,15 @@ class HttpGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        content_type = media_type(headers)
-        if scope.get("method") in BODY_METHODS and content_type != "application/json":
-            # Only JSON, on every route: BentoML's internal pickle type and multipart/form bodies
-            # are refused before any parser sees them.
-            return await send_json(send, 415, f"media type {content_type or '(none)'} is not accepted; send application/json")
+        try:
+            headers = RequestHeaders(scope.get("headers", ()))
+            if scope.get("method") in BODY_METHODS:
+                # Only JSON, on every route: BentoML's internal pickle type and multipart/form bodies
+                # are refused before any parser sees them, and what passes has one Content-Type.
+                scope = with_body_type(scope, headers.body_type((JSON,)))
+                headers.check_accept(JSON)
+        except ApiError as exc:
+            return await send_error(send, exc)
         if scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
             return await self.app(scope, receive, send)
         length = headers.get("content-length")

@@ -286,6 +286,12 @@ def test_auth(serve, channel_to, keys):
     assert keys["admin_only"] not in err.details()
     assert stub.Predict(req, metadata=[("authorization", f"Bearer {keys['predict']}")], timeout=5).model == "graphsage:v1"
     assert stub.Predict(req, metadata=[("x-api-key", keys["predict"])], timeout=5).model == "graphsage:v1"
+    # A credential sent twice is refused whatever the order (a wrong one before the valid one included).
+    for name, good, bad in (("authorization", f"Bearer {keys['predict']}", "Bearer gsk_wrong"),
+                            ("x-api-key", keys["predict"], "gsk_wrong")):
+        for pair in ((bad, good), (good, bad), (good, good)):
+            err = rpc_error(stub.Predict, req, metadata=[(name, pair[0]), (name, pair[1])])
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "sent 2 times" in err.details(), name
     # ListModels needs the same scope.
     assert rpc_error(stub.ListModels, pb.ListModelsRequest()).code() == grpc.StatusCode.UNAUTHENTICATED
     assert stub.ListModels(pb.ListModelsRequest(), metadata=[("x-api-key", keys["predict"])], timeout=5).loaded_models

@@ -5,7 +5,9 @@ BENTOML_HOME per container, the service token from a mounted file, the model sto
 seeded by the manifests' init container), Redis Cluster beside them. HTTP and gRPC predictions; a new model
 version trained here, imported into the store the way docs/release.md says (the model-admin
 Job), and canary weights moved onto it through the routing file (the ConfigMap flow); the
-FeatureRunner container killed (degraded answers) and started again (full answers); the serving
+FeatureRunner container killed (degraded answers) and started again (full answers); a pickled body
+sent to every route of the three containers every way that once got one past a guard (nothing
+runs it, every answer is a 4xx); the serving
 image refuses the torch backend. Prints the image's size and each container's cold start.
 
 Needs the image (``make image``; another with GRAPHSAGE_TEST_IMAGE=NAME) and podman + runc;
@@ -28,6 +30,7 @@ import pytest
 
 from bentos.image import DEFAULT_IMAGE, human, image_env, image_exists, image_size
 from harness.app import ROOT, free_port, run_export
+from harness.attacks import app_targets, marker_exists, send_pickles
 from harness.containers import (Containers, ContainerSpec, k8s_docs, k8s_object, podman_available, rewrite_depends,
                                 replace_arg, spec_from_k8s)
 from tests.conftest import wait_for
@@ -194,6 +197,16 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
                           headers={"content-type": "application/json"}).status_code == 401
         info = client.get(gateway_url + "/models").json()
         assert info["feature_runner"]["graph_snapshot"] == snapshot, info
+
+        # 3b. A pickled body that would create /tmp/pickle-ran in the container that loads it, to
+        # every route of the three containers, its media type and the credentials spelt every way
+        # (harness.attacks): only 4xx, and no container's /tmp (a host directory here) has the file.
+        token = (token_dir / TOKEN_FILE).read_text().strip()
+        attack = send_pickles(app_targets(urls["GraphSAGERunner"], urls["FeatureRunner"], gateway_url, token, key),
+                              "/tmp/pickle-ran")
+        assert not marker_exists(*(tmp_path / pod / "tmp" / "pickle-ran" for pod in ("model", "feature", "gateway")))
+        assert not attack.not_4xx, attack.not_4xx[:10]
+        report["pickle_attack"] = {"sent": attack.sent, "statuses": dict(sorted(attack.statuses.items()))}
 
         # 4. A new version: trained on the packed snapshot (a training machine: this venv, torch),
         # exported, and imported into the runners' store by the model-admin Job (jobs/model-admin.yaml).

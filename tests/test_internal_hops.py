@@ -16,24 +16,16 @@ import urllib.parse
 import httpx
 import pytest
 
-from common.service_auth import OPEN_PATHS
 from harness.app import Service, free_port
+from harness.attacks import app_targets, marker_exists, send_pickles, service_routes
+from services.auth import KeyEntry, SCOPES, generate_key, hash_key, write_entries
 from tests.conftest import private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NEW, OLD, STRANGER = "rotated-in-" + "n" * 20, "rotated-out-" + "o" * 20, "stranger-" + "s" * 20
 PICKLE = "application/vnd.bentoml+pickle"
-
-
-class WritesAFile:
-    """A pickle whose loading runs ``touch <path>``: proof that something unpickled it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
+API_KEY = generate_key()  # every scope: the gateway's routes are reached past its auth
 
 
 def service_named(name: str):
@@ -42,9 +34,7 @@ def service_named(name: str):
     return Gateway if name == "Gateway" else Gateway.find_dependent_by_name(name)
 
 
-def runner_routes(name: str) -> list[str]:
-    """Every API route of a runner, from the service definition itself."""
-    return sorted(api.route for api in service_named(name).apis.values())
+runner_routes = service_routes
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +52,10 @@ def runners(demo_store, tmp_path_factory):
                     log_dir=str(root))
     feature = Service("FeatureRunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
                       depends={"GraphSAGERunner": model.url}, log_dir=str(root))
-    gateway = Service("Gateway", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
+    keys = root / "keys.json"
+    write_entries(str(keys), [KeyEntry("attacker-with-a-key", hash_key(API_KEY), SCOPES)])
+    gateway = Service("Gateway", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}",
+                                               "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(keys)},
                       depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url}, log_dir=str(root))
     started = []
     try:
@@ -78,20 +71,48 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_a_pickle_is_refused_on_every_route_and_nothing_runs(runners):
+def test_a_pickle_is_refused_on_every_route_whatever_its_headers_and_nothing_runs(runners):
+    """Every route of the three services, the pickle's media type spelt every way (duplicated
+    beside an accepted type in both orders, with parameters, in other cases, in comma lists) and
+    every credential (none, wrong, valid, duplicated): only 4xx, and the pickle never ran."""
     marker = runners["root"] / "pickle-ran"
-    body = pickle.dumps(WritesAFile(str(marker)))
-    checked = 0
-    for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner"), ("gateway", "Gateway")):
-        url = runners[key].url
-        for route in [*runner_routes(name), "/docs.json", "/schema.json", *sorted(OPEN_PATHS), "/no-such-route"]:
+    targets = app_targets(runners["model"].url, runners["feature"].url, runners["gateway"].url, NEW, API_KEY)
+    outcome = send_pickles(targets, str(marker))
+    assert not marker_exists(marker), "a pickle was loaded"
+    assert not outcome.not_4xx, outcome.not_4xx[:10]
+    assert outcome.sent >= 14 * 6 * (len(runner_routes("GraphSAGERunner")) + len(runner_routes("FeatureRunner")))
+    print(f"{outcome.sent} pickled requests, statuses {dict(sorted(outcome.statuses.items()))}")
+
+
+def test_a_single_pickle_type_is_refused_with_415_with_or_without_a_token(runners):
+    body = pickle.dumps(None)
+    for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner")):
+        for route in runner_routes(name):
             for headers in ({}, bearer(OLD)):
-                r = httpx.post(url + route, content=body, headers={"Content-Type": PICKLE, **headers}, timeout=10)
-                assert r.status_code == 415, (name, route, r.status_code, r.text)
-                assert "vnd.bentoml+pickle" in r.json()["error"]
-                checked += 1
-    assert not marker.exists(), "a pickle was loaded"
-    assert checked >= 2 * (len(runner_routes("GraphSAGERunner")) + len(runner_routes("FeatureRunner")))
+                r = httpx.post(runners[key].url + route, content=body, headers={"Content-Type": PICKLE, **headers},
+                               timeout=10)
+                assert r.status_code == 415 and "vnd.bentoml+pickle" in r.json()["error"], (name, route, r.text)
+
+
+def test_duplicated_credentials_and_media_types_are_refused_with_400_naming_the_header(runners):
+    """A wrong token before the valid one used to pass (the guard read the last copy)."""
+    for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner")):
+        for route in runner_routes(name):
+            url = runners[key].url + route
+            r = httpx.post(url, content=b"{}", headers=[("Content-Type", "application/json"),
+                                                        ("Authorization", f"Bearer {STRANGER}"),
+                                                        ("Authorization", f"Bearer {NEW}")], timeout=10)
+            assert r.status_code == 400 and "Authorization sent 2 times" in r.json()["error"], (name, route, r.text)
+            r = httpx.post(url, content=b"{}", headers=[("Content-Type", "application/json"),
+                                                        ("Content-Type", "application/json"), ("Authorization", f"Bearer {NEW}")],
+                           timeout=10)
+            assert r.status_code == 400 and "Content-Type sent 2 times" in r.json()["error"], (name, route, r.text)
+    gateway = runners["gateway"].url + "/predict"
+    for header in ("Authorization", "X-API-Key"):
+        value = f"Bearer {API_KEY}" if header == "Authorization" else API_KEY
+        r = httpx.post(gateway, content=b'{"node_ids": [1]}', timeout=10,
+                       headers=[("Content-Type", "application/json"), (header, value), (header, value)])
+        assert r.status_code == 400 and f"{header} sent 2 times" in r.json()["error"], r.text
 
 
 def test_every_runner_route_needs_the_token_and_probes_do_not(runners):
@@ -111,9 +132,11 @@ def test_every_runner_route_needs_the_token_and_probes_do_not(runners):
 
 
 def test_the_gateway_and_the_feature_runner_send_the_token(runners):
-    r = httpx.post(runners["gateway"].url + "/predict", json={"node_ids": [1, 2, 3], "seed": 3}, timeout=30)
+    key = {"X-API-Key": API_KEY}
+    r = httpx.post(runners["gateway"].url + "/predict", json={"node_ids": [1, 2, 3], "seed": 3}, headers=key,
+                   timeout=30)
     assert r.status_code == 200 and not r.json()["degraded"], r.text
-    models = httpx.get(runners["gateway"].url + "/models", timeout=30).json()
+    models = httpx.get(runners["gateway"].url + "/models", headers=key, timeout=30).json()
     assert "error" not in models["model_runner"] and "error" not in models["feature_runner"], models
 
 

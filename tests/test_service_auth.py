@@ -25,12 +25,15 @@ class FakeClock:
         return self.now
 
 
-def call(guard, method="POST", path="/load", headers=(), body=b"{}"):
-    """Run one request through ``guard``; (status, headers, body, whether the app was reached)."""
+def call(guard, method="POST", path="/load", headers=(), body=b"{}", routes=None, seen=None):
+    """Run one request through ``guard``; (status, headers, body, whether the app was reached).
+    ``seen``: a list that gets the headers the app was handed."""
     reached = []
     sent = []
 
     async def app(scope, receive, send):
+        if seen is not None:
+            seen.append(scope["headers"])
         reached.append(await receive())
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -43,7 +46,7 @@ def call(guard, method="POST", path="/load", headers=(), body=b"{}"):
 
     scope = {"type": "http", "method": method, "path": path,
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
-    asyncio.run(ServiceGuard(app, guard)(scope, receive, send))
+    asyncio.run(ServiceGuard(app, guard, routes)(scope, receive, send))
     start, out = sent
     return start["status"], dict(start["headers"]), out["body"], bool(reached)
 
@@ -150,3 +153,43 @@ def test_calls_without_an_accepted_token_get_401_except_probes_and_scrapes(caplo
 def test_bearer_parses_only_bearer_headers():
     assert bearer("Bearer abc") == "abc" and bearer("bearer  abc ") == "abc"
     assert bearer("Basic abc") is None and bearer("Bearer") is None and bearer(None) is None
+
+
+def test_a_second_content_type_or_authorization_header_is_refused_before_anything_reads_it():
+    """BentoML reads the first of two Content-Type headers, a dict the last: either way round,
+    and whatever the token, a request with two never reaches the service."""
+    tokens = ServiceTokens([NEW])
+    valid, wrong = ("Authorization", f"Bearer {NEW}"), ("Authorization", f"Bearer {OTHER}")
+    for types in ((PICKLE, "application/json"), ("application/json", PICKLE), ("application/json",) * 2):
+        for auth in ((), (valid,), (wrong, valid), (valid, wrong)):
+            status, _, answer, reached = call(tokens, headers=(*(("Content-Type", t) for t in types), *auth),
+                                              body=pickle.dumps(None))
+            assert (status, reached) == (400, False), (types, auth)
+            assert json.loads(answer)["error"] == "header Content-Type sent 2 times; send it once"
+    for auth in ((wrong, valid), (valid, wrong), (valid, valid)):
+        status, _, answer, reached = call(tokens, headers=(("Content-Type", "application/json"), *auth))
+        assert (status, reached) == (400, False) and b"Authorization sent 2 times" in answer
+
+
+def test_the_service_sees_only_the_media_type_the_guard_admitted():
+    tokens = ServiceTokens([NEW])
+    seen: list = []
+    status, *_ = call(tokens, headers=(("Content-Type", "Application/JSON; charset=utf-8"),
+                                       ("Authorization", f"Bearer {NEW}")), seen=seen)
+    assert status == 200
+    assert [v for k, v in seen[0] if k == b"content-type"] == [b"application/json"]
+    assert not [k for k, _ in seen[0] if k == b"Content-Type"]
+
+
+def test_a_route_of_the_table_takes_its_own_media_type_and_answers_its_own():
+    tokens = ServiceTokens([NEW])
+    routes = {"/infer": ("application/octet-stream", "application/octet-stream"),
+              "/load": ("application/json", "application/json")}
+    auth = ("Authorization", f"Bearer {NEW}")
+    octet, json_type = ("Content-Type", "application/octet-stream"), ("Content-Type", "application/json")
+    assert call(tokens, path="/infer", headers=(octet, auth), routes=routes)[::3] == (200, True)
+    assert call(tokens, path="/infer", headers=(json_type, auth), routes=routes)[::3] == (415, False)
+    assert call(tokens, path="/load", headers=(octet, auth), routes=routes)[::3] == (415, False)
+    assert call(tokens, path="/load", headers=(json_type, auth, ("Accept", "application/octet-stream")),
+                routes=routes)[::3] == (406, False)
+    assert call(tokens, path="/load", headers=(json_type, auth, ("Accept", "*/*")), routes=routes)[::3] == (200, True)
