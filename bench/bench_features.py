@@ -96,7 +96,7 @@ class Bench:
                 admit_min_uses: int = Settings.l1_admit_min_uses) -> NeighbourhoodBuilder:
         cfg = Settings(l1_bytes=l1_bytes, redis_url=self.redis_url if redis else "", l2_timeout_s=1.0,
                        l1_admit_min_uses=admit_min_uses)
-        store = build_feature_store(cfg, self.graph.features, f"graph-snapshot:{version}")
+        store = build_feature_store(cfg.feature_cache, cfg.redis, self.graph.features, f"graph-snapshot:{version}")
         self.stores.append(store)
         return NeighbourhoodBuilder(self.graph, store, FANOUT, max_nodes=1024)
 

@@ -12,16 +12,16 @@
    guarded sides' ports behind ``common.service_auth.ServiceGuard``. ``--server bentoml``: a
    BentoML service with the model runner's ``infer`` signature started with ``start-http-server``,
    with the runners' service options and middleware (``ServiceGuard`` on the guarded one,
-   ``DirectApi`` for /infer), one bare and one guarded. In this process, one event loop (uvloop,
+   ``EndpointRouter`` for /infer), one bare and one guarded. In this process, one event loop (uvloop,
    as a worker's), each side makes the call sequentially (c=1) and from ``--concurrency``
    concurrent callers:
 
-       RunnerClient         common.remote.RunnerClient.call_bytes("infer", body), since 09dc346
+       HttpTransport        common.remote.HttpTransport.call(INFER-like endpoint, body): this project's client
        bentoml proxy        the ``bentoml.depends`` proxy as the code before 09dc346 called it:
                             ``RemoteProxy(url, service=...).to_async.infer(body)``, a raw-body
                             call, with the ``runner_connection`` limits that code raised
        raw aiohttp          ``ClientSession().post(url, data=body, headers={Content-Type})``
-       RunnerClient +guard  RunnerClient against a server behind ServiceGuard (the token sent)
+       HttpTransport +guard HttpTransport against a server behind ServiceGuard (the token sent)
 
    Per side: mean, P50, P99, P99.9 latency per call, the client's CPU per call
    (``time.process_time`` over the timed loop: the server's CPU is in another process) and calls
@@ -31,9 +31,8 @@
    the client's pooled sockets.
 
 2. Guard cost. In-process: a minimal ASGI app called directly with a scope (the headers
-   RunnerClient sends), receive and send, bare, behind ``ServiceGuard`` and behind the variant
-   of the guard proposed in the report (``lean_guard_class``, checked to answer alike on 842
-   scopes), ``--guard-iters`` calls each, microseconds per call.
+   HttpTransport sends), receive and send, bare and behind ``ServiceGuard`` (and the parts of its
+   work alone), ``--guard-iters`` calls each, microseconds per call.
 """
 
 from __future__ import annotations
@@ -252,7 +251,7 @@ def echo_service(served: bool = False) -> Any:
     """A BentoML service with the model runner's ``infer`` (one positional-only raw body) and
     ``load`` signatures. As the proxy's spec (``served=False``): the ``runner_connection`` limits
     the code before 09dc346 set. Served (``--server bentoml``): the runners' service options,
-    BentoML's timeout fix, ``ServiceGuard`` when ``BENCH_IHOPS_GUARD=1`` and ``DirectApi`` for
+    BentoML's traffic patches, ``ServiceGuard`` when ``BENCH_IHOPS_GUARD=1`` and ``EndpointRouter`` for
     ``/infer``, added as runners/graphsage/service.py adds them."""
     if served in _services:
         return _services[served]
@@ -262,18 +261,19 @@ def echo_service(served: bool = False) -> Any:
     global BinaryBody  # the annotations below are strings, resolved in this module's globals
     BinaryBody = Annotated[bytes, ContentType(OCTET)]
     if served:
-        from common.bento import timeout_fix
-        from common.settings import runner_service_options
+        from common.bento import traffic
+        from common.bento.config import runner_service_config
+        from common.settings import load_settings
 
-        timeout_fix.install()
-        options = runner_service_options(1)
+        traffic.install()
+        options = runner_service_config(load_settings().serving, 1)
     else:
         options = {"runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9}}
 
     @bentoml.service(name="EchoRunner", **options)
     class EchoRunner:
         @bentoml.api
-        async def infer(self, request: BinaryBody, /) -> BinaryBody:  # served by DirectApi below
+        async def infer(self, request: BinaryBody, /) -> BinaryBody:  # served by the EndpointRouter below
             return request[:int.from_bytes(request[:4], "little")]
 
         @bentoml.api
@@ -281,17 +281,28 @@ def echo_service(served: bool = False) -> Any:
             return {"tag": tag, "input_layouts": ["full"]}
 
     if served:
-        from common.bento.direct_api import DirectApi
+        from common.endpoints import EndpointRouter
         from common.service_auth import ServiceGuard, ServiceTokens
 
-        async def infer_body(body: bytes) -> bytes:
-            return body[:int.from_bytes(body[:4], "little")]
+        class EchoCore:
+            async def infer(self, body: bytes) -> bytes:
+                return body[:int.from_bytes(body[:4], "little")]
 
+        core = EchoCore()
         if os.environ.get("BENCH_IHOPS_GUARD") == "1":
             EchoRunner.add_asgi_middleware(ServiceGuard, tokens=ServiceTokens([TOKEN]))
-        EchoRunner.add_asgi_middleware(DirectApi, routes={"/infer": (infer_body, OCTET)}, server_name="EchoRunner")
+        EchoRunner.add_asgi_middleware(EndpointRouter, endpoints=[echo_endpoint()], target=lambda: core,
+                                       server_name="EchoRunner")
     _services[served] = EchoRunner
     return EchoRunner
+
+
+def echo_endpoint() -> Any:
+    """``POST /infer``: raw bytes in and out (the model runner's hop, without its codecs' work)."""
+    from common.endpoints import Binary, Endpoint
+
+    raw = Binary(bytes, bytes, "raw bytes")
+    return Endpoint("infer", "/infer", raw, raw, "echo the first N bytes")
 
 
 def __getattr__(name: str) -> Any:
@@ -326,19 +337,21 @@ def _aiohttp_sockets(session: Any) -> list[socket.socket]:
     return out
 
 
-class RunnerClientSide(Side):
+class TransportSide(Side):
     def __init__(self, guarded: bool = False) -> None:
-        self.name = "RunnerClient" + (" +guard" if guarded else "")
+        self.name = "HttpTransport" + (" +guard" if guarded else "")
         self.guarded = guarded
 
     async def open(self, url: str) -> None:
-        from common.remote import RunnerClient
+        from common.remote import HttpTransport
         from common.service_auth import ServiceTokens
 
-        self.client = RunnerClient("X", url, ServiceTokens([TOKEN]), retry_pauses_s=(0.0,))
+        self.client = HttpTransport("X", url, ServiceTokens([TOKEN]), retry_pauses_s=(0.0,))
+        self.endpoint = echo_endpoint()
 
     async def call(self, body: bytes) -> bytes:
-        return await self.client.call_bytes("infer", body)
+        answer: bytes = await self.client.call(self.endpoint, body)
+        return answer
 
     def sockets(self) -> list[socket.socket]:
         return _aiohttp_sockets(self.client._session) if self.client._session else []
@@ -489,67 +502,9 @@ async def client_cost(args: argparse.Namespace, server: Server | BentoServers, s
 
 # -- the guard, in-process ----------------------------------------------------------------------
 
-def lean_guard_class() -> type:
-    """The fix proposed for ``ServiceGuard.__call__``: the same checks and answers, reading only
-    the two headers it needs from the raw list instead of decoding every header into a dict."""
-    from common.errors import ApiError, send_error
-    from common.service_auth import (ACCEPTED_MEDIA_TYPES, BODY_METHODS, CHALLENGE, OPEN_PATHS, ServiceGuard,
-                                     bearer)
-
-    class LeanServiceGuard(ServiceGuard):
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                return await self.app(scope, receive, send)
-            content_type = authorization = None
-            for name, value in scope.get("headers", ()):  # the last one wins, as in a dict
-                name = name.lower()
-                if name == b"content-type":
-                    content_type = value
-                elif name == b"authorization":
-                    authorization = value
-            if scope.get("method") in BODY_METHODS:
-                kind = content_type.decode("latin-1").split(";")[0].strip().lower() if content_type else ""
-                if kind not in ACCEPTED_MEDIA_TYPES:
-                    return await send_error(send, ApiError(415, f"media type {kind or '(none)'} is not accepted here; "
-                                                                "send application/json or application/octet-stream"))
-            if scope["path"] in OPEN_PATHS:
-                return await self.app(scope, receive, send)
-            if not self.tokens.accepts(bearer(authorization.decode("latin-1")) if authorization is not None else None):
-                reason = "no service token" if authorization is None else "service token not accepted"
-                return await send_error(send, ApiError(401, f"{reason}: this is an internal service", CHALLENGE))
-            await self.app(scope, receive, send)
-
-    return LeanServiceGuard
-
-
-def guard_cases() -> list[dict]:
-    """Scopes on which the current and the proposed guard must answer alike."""
-    good = f"Bearer {TOKEN}".encode()
-    out = []
-    for method in ("POST", "GET", "PUT", "DELETE"):
-        for path in ("/infer", "/load", "/livez", "/metrics", "/docs.json"):
-            for ctype in (None, b"application/octet-stream", b"Application/JSON; charset=utf-8",
-                          b"application/vnd.bentoml+pickle", b"multipart/form-data; boundary=x", b""):
-                for auth in (None, good, b"bearer " + TOKEN.encode(), b"Bearer wrong-token-0123456789", b"Basic abc",
-                             b"Bearer", b""):
-                    headers = [(b"host", b"127.0.0.1")]
-                    if ctype is not None:
-                        headers.append((b"Content-Type" if len(out) % 2 else b"content-type", ctype))
-                    if auth is not None:
-                        headers.append((b"authorization", auth))
-                    out.append({"type": "http", "method": method, "path": path, "headers": headers})
-    # a repeated header: the last one counts in both
-    out.append({"type": "http", "method": "POST", "path": "/infer",
-                "headers": [(b"authorization", good), (b"authorization", b"Bearer nope-nope-nope-nope"),
-                            (b"content-type", b"application/json")]})
-    out.append({"type": "http", "method": "POST", "path": "/infer",
-                "headers": [(b"content-type", b"text/plain"), (b"content-type", b"application/json"),
-                            (b"authorization", good)]})
-    return out
-
-
 def guard_cost(iters: int) -> None:
-    from common.service_auth import ServiceGuard, ServiceTokens, bearer, media_type
+    from common.request_headers import RequestHeaders
+    from common.service_auth import ServiceGuard, ServiceTokens, bearer
 
     answer = [{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]},
               {"type": "http.response.body", "body": b"x"}]
@@ -564,26 +519,25 @@ def guard_cost(iters: int) -> None:
     async def send(message: Any) -> None:
         return None
 
-    # What RunnerClient sends, as uvicorn hands it over.
+    # What HttpTransport sends, as uvicorn hands it over.
     scope = {"type": "http", "method": "POST", "path": "/infer", "headers": [
         (b"host", b"127.0.0.1:3001"), (b"content-type", b"application/octet-stream"),
         (b"authorization", f"Bearer {TOKEN}".encode()), (b"accept", b"*/*"),
         (b"accept-encoding", b"gzip, deflate"), (b"content-length", b"11264")]}
     tokens = ServiceTokens([TOKEN])
     current = ServiceGuard(app, tokens)
-    lean = lean_guard_class()(app, tokens)
 
-    async def header_dict(scope: Any, receive: Any, send: Any) -> None:
-        {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    async def read_headers(scope: Any, receive: Any, send: Any) -> None:
+        RequestHeaders(scope["headers"])
 
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    headers = RequestHeaders(scope["headers"])
 
     async def checks(scope: Any, receive: Any, send: Any) -> None:
-        media_type(headers)
+        headers.body_type(("application/octet-stream",))
         tokens.accepts(bearer(headers.get("authorization")))
 
-    sides = {"bare app": app, "ServiceGuard(app)": current, "proposed guard(app)": lean,
-             "  of it: headers -> dict": header_dict, "  of it: media type + token": checks}
+    sides = {"bare app": app, "ServiceGuard(app)": current, "  of it: reading the headers": read_headers,
+             "  of it: media type + token": checks}
 
     async def loop(fn: Any) -> float:
         for _ in range(1000):
@@ -600,32 +554,13 @@ def guard_cost(iters: int) -> None:
                 out[name].append(await loop(fn))
         return out
 
-    async def answers(guard: Any, case: dict) -> tuple:
-        sent: list[Any] = []
-
-        async def record(message: Any) -> None:
-            sent.append(message)
-
-        await guard(case, receive, record)
-        start = sent[0]
-        return start["status"], sorted(start.get("headers", [])), b"".join(m.get("body", b"") for m in sent[1:])
-
-    async def compare() -> tuple[int, int]:
-        cases = guard_cases()
-        same = 0
-        for case in cases:
-            same += await answers(current, case) == await answers(lean, case)
-        return same, len(cases)
-
     results = asyncio.run(measure())
-    same, total = asyncio.run(compare())
-    print(f"\nServiceGuard in-process: {iters} calls x 5 rounds (median of the rounds), the scope RunnerClient sends")
+    print(f"\nServiceGuard in-process: {iters} calls x 5 rounds (median of the rounds), the scope HttpTransport sends")
     bare = statistics.median(results["bare app"])
     for name, values in results.items():
         med = statistics.median(values)
-        extra = f"   over the bare app: {med - bare:+.2f} us" if name in ("ServiceGuard(app)", "proposed guard(app)") else ""
+        extra = f"   over the bare app: {med - bare:+.2f} us" if name == "ServiceGuard(app)" else ""
         print(f"  {name:<28} {med:6.2f} us/call{extra}")
-    print(f"  the proposed guard answers as the current one (status, headers, body) on {same} of {total} scopes")
 
 
 def main() -> None:
@@ -640,14 +575,14 @@ def main() -> None:
                    help="the client's event loop (a BentoML worker runs uvloop)")
     p.add_argument("--server", choices=("uvicorn", "bentoml"), default="uvicorn",
                    help="what answers: a minimal ASGI app on uvicorn (default), or a BentoML service with the "
-                        "runners' middleware (ServiceGuard, DirectApi), started with start-http-server")
+                        "runners' middleware (ServiceGuard, EndpointRouter), started with start-http-server")
     p.add_argument("--guard-iters", type=int, default=50_000)
     p.add_argument("--serve", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         return serve(args.serve)
 
-    sides: list[Side] = [RunnerClientSide(), ProxySide(), RawSide(), RunnerClientSide(guarded=True)]
+    sides: list[Side] = [TransportSide(), ProxySide(), RawSide(), TransportSide(guarded=True)]
     server = Server(sides) if args.server == "uvicorn" else BentoServers(sides)
     print(f"server: {'a minimal ASGI app on uvicorn' if args.server == 'uvicorn' else 'EchoRunner on BentoML (start-http-server)'}"
           f", its own process{'es' if args.server == 'bentoml' else ''}")

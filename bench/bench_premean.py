@@ -85,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         registry, tag = _registry_with_fresh_graphs(tmp)
         settings = Settings(l1_bytes=snap.num_nodes * (snap.feature_dim * 4 + 256), redis_url="")
-        store = build_feature_store(settings, snap.features, snap.tag)
+        store = build_feature_store(settings.feature_cache, settings.redis, snap.features, snap.tag)
         builder = NeighbourhoodBuilder(snap, store, (25, 10), 4096, settings.scan_min_targets)
         loop = asyncio.new_event_loop()
         loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))

@@ -28,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from common.settings import RunnerCallsSection
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -87,9 +89,9 @@ class CircuitBreaker:
         self.rejected_total = 0
 
     @classmethod
-    def from_settings(cls, name: str, settings: Any, **kwargs: Any) -> CircuitBreaker:
-        """``failures`` / ``reset_s`` from ``Settings.breaker_failures`` / ``breaker_reset_s``."""
-        return cls(name, settings.breaker_failures, settings.breaker_reset_s, **kwargs)
+    def from_settings(cls, name: str, calls: RunnerCallsSection, **kwargs: Any) -> CircuitBreaker:
+        """``failures`` / ``reset_s`` from ``GSAGE_BREAKER_FAILURES`` / ``GSAGE_BREAKER_RESET_S``."""
+        return cls(name, calls.breaker_failures, calls.breaker_reset_s, **kwargs)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -176,26 +178,25 @@ class CircuitBreaker:
         fn: Callable[..., Awaitable[T]],
         *args: Any,
         timeout_s: float | None,
-        ignore: tuple[type[BaseException], ...] = (),
+        answered: Callable[[BaseException], bool] = lambda exc: False,
         **kwargs: Any,
     ) -> T:
         """``await fn(*args, **kwargs)`` under ``timeout_s`` (None: no deadline), guarded.
 
         Raises ``BreakerOpen`` without calling ``fn`` when not allowed. A timeout
-        (``TimeoutError``) or any other exception counts as a failure and is re-raised; an
-        exception of a type in ``ignore`` (e.g. the dependency rejecting bad input: it did
-        answer) counts as a success and is re-raised. Cancellation of the caller counts as
-        neither.
+        (``TimeoutError``) or any other exception counts as a failure and is re-raised; one for
+        which ``answered`` is true (e.g. the dependency rejecting bad input: it did answer) counts
+        as a success and is re-raised. Cancellation of the caller counts as neither.
         """
         if not self.allow():
             raise BreakerOpen(self.name, self.retry_after_s())
         try:
             result = await asyncio.wait_for(fn(*args, **kwargs), timeout_s)
-        except ignore:
-            self.record_success()
-            raise
-        except Exception:  # TimeoutError included
-            self.record_failure()
+        except Exception as exc:  # TimeoutError included
+            if answered(exc):
+                self.record_success()
+            else:
+                self.record_failure()
             raise
         except BaseException:  # CancelledError, KeyboardInterrupt: no outcome
             self.release_probe()

@@ -1,26 +1,23 @@
 """Calling another service of this app: the gateway calls the FeatureRunner, the gateway and the
-FeatureRunner call the GraphSAGERunner.
+FeatureRunner call the GraphSAGERunner. A call names an ``Endpoint`` (``common.endpoints``) and
+passes a typed value; the transport encodes it with the endpoint's codec and decodes the answer.
 
-``RunnerClient`` is this project's own client for those hops, in place of the proxy that
-``bentoml.depends`` hands out: that proxy sends (and reads back) ``application/vnd.bentoml+pickle``
-for every call whose arguments are not a single raw body, and a pickle is code. Here a call is
-``POST /<route>`` with either the binary wire format (``common.wire``, the hot paths) or JSON (the
-admin calls: ``load``, ``unload``, ``models``, ``info``), the service token in ``Authorization``,
-and the answer is read as bytes or JSON, never unpickled. One aiohttp session per client keeps
-its connections for the life of the worker (the dependency proxy recycled its session every 100
-requests and closed it under calls in flight).
+- ``HttpTransport``: the service over HTTP. This project's own client, in place of the proxy that
+  ``bentoml.depends`` hands out: that proxy sends (and reads back) ``application/vnd.bentoml+pickle``
+  for every call whose arguments are not a single raw body, and a pickle is code. Here a body is
+  JSON or a binary format of this project's, with the service token in ``Authorization``, and an
+  answer is read by the endpoint's codec, never unpickled. One aiohttp session per client keeps
+  its connections for the life of the worker (the dependency proxy recycled its session every
+  100 requests and closed it under calls in flight).
+- ``LocalTransport``: a core in this process (BentoML's development mode runs dependencies
+  in-process): the same endpoint, the same core method, the value as it is.
 
-What an answer means to the caller:
-
-- a 4xx: the runner is healthy, the input was wrong -> ``RunnerRejected`` (not a breaker failure);
-- ``UPSTREAM_FAILED`` (502): a FeatureRunner saying that *its* dependency, the model runner,
-  failed -> ``UpstreamFailed``, which the gateway accounts to the model runner;
-- any other 5xx -> ``RunnerFailed``;
-- a connection lost mid-call (a worker killed, a pooled connection closed): retried, calls are
-  idempotent; a refused connection is not (the runner is down).
-
-``LocalRunner`` gives the same interface over a service instance in this process (BentoML's
-development mode runs dependencies in-process); ``common.bento.dependencies.connect`` picks one.
+Either way an error is the ``ApiError`` the service raised (``ApiError.from_answer``): its kind,
+status, message, param and ``Retry-After`` cross the hop, and the caller decides by the kind. A
+service that cannot be reached, or that refuses this service's own token, raises
+``ServiceUnavailable`` (503): the caller's configuration or the callee's health, never the
+client's input. A connection lost mid-call is retried (for idempotent endpoints); a refused
+connection is not (the service is down).
 """
 
 from __future__ import annotations
@@ -30,72 +27,50 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
-import orjson
-
-from common.errors import ApiError, message_from_body
+from common.endpoints import NO_BODY, Endpoint
+from common.errors import ApiError, retry_after
 
 log = logging.getLogger("graphsage.remote")
 T = TypeVar("T")
-
-# BentoML itself never answers 502: a runner that does is relaying its own dependency's failure.
-UPSTREAM_FAILED = 502
-JSON = "application/json"
-OCTET_STREAM = "application/octet-stream"
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
 
 # A backstop only: callers bound each call by their own deadline (breaker, WaitBudget).
 DEFAULT_TIMEOUT_S = 60.0
 
 
-class RunnerRejected(Exception):
-    """A runner answered 4xx: it is healthy, the input was wrong (not a breaker failure)."""
+class ServiceUnavailable(ApiError):
+    """A service of this app could not answer: unreachable, or it refused this service's token.
+    ``sent``: the request may have reached it (a connection lost mid-call): its effect is unknown."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class UpstreamFailed(Exception):
-    """The FeatureRunner answered ``UPSTREAM_FAILED``: the model runner behind it is unavailable."""
+    def __init__(self, service: str, reason: str, sent: bool = False) -> None:
+        super().__init__(503, f"{service} unavailable: {reason}", retry_after(1.0), type="service_unavailable")
+        self.service = service
+        self.sent = sent
 
 
-class RunnerFailed(Exception):
-    """A runner answered 5xx (other than ``UPSTREAM_FAILED``)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
+class Tokens(Protocol):
+    def header(self) -> dict[str, str]: ...
 
 
-def raise_for_answer(status: int, message: str) -> None:
-    if 400 <= status < 500:
-        raise RunnerRejected(status, message)
-    if status == UPSTREAM_FAILED:
-        raise UpstreamFailed(message)
-    raise RunnerFailed(status, message)
-
-
-class Runner(Protocol):
-    """What a caller needs of a runner, wherever it runs."""
+class Transport(Protocol):
+    """How a caller reaches one service, wherever it runs."""
 
     name: str
 
-    async def call_bytes(self, route: str, body: bytes) -> bytes: ...
-
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *,
-                        idempotent: bool = True) -> Any: ...
+    async def call(self, endpoint: Endpoint[I, O], value: I) -> O: ...
 
     async def close(self) -> None: ...
 
 
-class RunnerClient:
-    """A runner over HTTP (``http://``, ``tcp://host:port`` or a ``file://`` unix socket)."""
+class HttpTransport:
+    """A service over HTTP (``http://``, ``tcp://host:port`` or a ``file://`` unix socket)."""
 
-    def __init__(self, name: str, url: str, tokens: Any, *, retry_pauses_s: tuple[float, ...],
+    def __init__(self, name: str, url: str, tokens: Tokens, *, retry_pauses_s: tuple[float, ...],
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """``retry_pauses_s`` (``Settings.connection_retry_pauses_s``): a killed worker leaves
-        several pooled keep-alive connections to it, and a retry can draw another one before the
-        event loop has seen its close; by the last pause the dead ones are discarded
+        """``retry_pauses_s`` (``connection_retry_pauses_s``): a killed worker leaves several
+        pooled keep-alive connections to it, and a retry can draw another one before the event
+        loop has seen its close; by the last pause the dead ones are discarded
         (tests/test_faults.py kills a model worker under load)."""
         self.name = name
         self.url = url
@@ -105,7 +80,7 @@ class RunnerClient:
         self._session: Any = None
 
     def __repr__(self) -> str:
-        return f"RunnerClient({self.name!r}, {self.url!r})"
+        return f"HttpTransport({self.name!r}, {self.url!r})"
 
     def _open(self) -> Any:
         import aiohttp
@@ -121,36 +96,36 @@ class RunnerClient:
                                      timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                                      skip_auto_headers=("User-Agent",), auto_decompress=False)
 
-    async def call_bytes(self, route: str, body: bytes) -> bytes:
-        """``POST /route`` with a binary body; the answer's bytes."""
-        return await self._post(route, body, OCTET_STREAM)
-
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *, idempotent: bool = True) -> Any:
-        """``POST /route`` with a JSON object; the answer as JSON. ``idempotent=False``: a
-        connection lost mid-call is not retried (the call may have taken effect)."""
-        return orjson.loads(await self._post(route, orjson.dumps(payload or {}), JSON, idempotent))
-
-    async def _post(self, route: str, body: bytes, media_type: str, idempotent: bool = True) -> bytes:
+    async def call(self, endpoint: Endpoint[I, O], value: I) -> O:
+        """``endpoint`` with ``value``; its decoded answer, or the service's ``ApiError``."""
         import aiohttp
 
         if self._session is None or self._session.closed:
             self._session = self._open()
-        headers = {"Content-Type": media_type, **self._tokens.header()}
+        headers = {"Content-Type": endpoint.takes.media_type, **self._tokens.header()}
+        body = None if endpoint.takes is NO_BODY and endpoint.method == "GET" else endpoint.takes.encode(value)
         for attempt in range(len(self._retry_pauses_s) + 1):
             try:
-                async with self._session.post("/" + route, data=body, headers=headers) as resp:
+                async with self._session.request(endpoint.method, endpoint.path, data=body, headers=headers) as resp:
                     answer = await resp.read()
                     if resp.status < 400:
-                        return answer
-                    raise_for_answer(resp.status, message_from_body(answer))
-            except aiohttp.ClientConnectorError:
-                raise  # refused: the runner is down, no point retrying
-            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if attempt == len(self._retry_pauses_s) or not idempotent:
-                    raise
+                        return endpoint.answers.decode(answer)
+                    raise self._refusal(resp.status, answer, resp.headers)
+            except aiohttp.ClientConnectorError as exc:  # refused: the service is down, no point retrying
+                raise ServiceUnavailable(self.name, f"unreachable ({type(exc).__name__})") from exc
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+                # Lost mid-call, the answer cut off included (its worker killed while answering).
+                if attempt == len(self._retry_pauses_s) or not endpoint.idempotent:
+                    raise ServiceUnavailable(self.name, f"connection lost ({type(exc).__name__})", sent=True) from exc
                 log.info("%s: connection lost (%s); retrying", self.name, type(exc).__name__)
                 await asyncio.sleep(self._retry_pauses_s[attempt])
         raise AssertionError("unreachable")
+
+    def _refusal(self, status: int, answer: bytes, headers: Any) -> ApiError:
+        if status == 401:  # this service's own token: a deployment fault, not the client's
+            return ServiceUnavailable(self.name, "it refused this service's token (GSAGE_SERVICE_TOKENS or "
+                                                 "GSAGE_SERVICE_TOKENS_FILE must be the same in every service)")
+        return ApiError.from_answer(status, answer, headers)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -158,27 +133,15 @@ class RunnerClient:
             self._session = None
 
 
-class LocalRunner:
-    """A runner instance in this process, behind the same interface: binary routes call its
-    ``<route>_body(bytes)`` method, JSON routes its API method with the payload's keywords."""
+class LocalTransport:
+    """A service's core in this process, behind the same interface."""
 
-    def __init__(self, name: str, instance: Any) -> None:
+    def __init__(self, name: str, core: Any) -> None:
         self.name = name
-        self.instance = instance
+        self.core = core
 
-    async def _call(self, call: Awaitable[T]) -> T:
-        try:
-            return await call
-        except ApiError as exc:
-            raise_for_answer(exc.status, exc.message)
-            raise  # unreachable: raise_for_answer always raises
-
-    async def call_bytes(self, route: str, body: bytes) -> bytes:
-        return await self._call(getattr(self.instance, f"{route}_body")(body))
-
-    async def call_json(self, route: str, payload: dict[str, Any] | None = None, *, idempotent: bool = True) -> Any:
-        answer = await self._call(getattr(self.instance, route)(**(payload or {})))
-        return orjson.loads(orjson.dumps(answer))  # what a remote caller would read
+    async def call(self, endpoint: Endpoint[I, O], value: I) -> O:
+        return await endpoint.call(self.core, value)
 
     async def close(self) -> None:
         return None
@@ -188,7 +151,7 @@ class WaitBudget:
     """Seconds a caller may spend waiting on one dependency over several calls, spent only while
     it waits: the FeatureRunner's own work between its model runner calls (sampling, fetching,
     its batcher's queue) is not the model runner's time, and a slow FeatureRunner must not be
-    reported as a slow model runner (a 503 and a model-breaker failure instead of its own)."""
+    reported as a slow model runner."""
 
     def __init__(self, seconds: float) -> None:
         self.left = seconds
@@ -204,7 +167,10 @@ class WaitBudget:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """A short reason for logs and error messages: ``timeout`` or the exception's type."""
+    """A short reason for logs and error messages: ``timeout``, an error's type, or the
+    exception's class."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timeout"
+    if isinstance(exc, ApiError):
+        return exc.type
     return type(exc).__name__

@@ -32,17 +32,17 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 class DuplicateHeader(ApiError):
     def __init__(self, name: str, count: int) -> None:
         shown = _DISPLAY.get(name, "-".join(part.capitalize() for part in name.split("-")))
-        super().__init__(400, f"header {shown} sent {count} times; send it once")
+        super().__init__(400, f"header {shown} sent {count} times; send it once", type="duplicate_header", param=shown)
 
 
 class UnsupportedMediaType(ApiError):
     def __init__(self, message: str) -> None:
-        super().__init__(415, message)
+        super().__init__(415, message, param="Content-Type")
 
 
 class NotAcceptable(ApiError):
     def __init__(self, message: str) -> None:
-        super().__init__(406, message)
+        super().__init__(406, message, param="Accept")
 
 
 class RequestHeaders:

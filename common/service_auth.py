@@ -19,7 +19,7 @@ Tokens (``Settings.service_tokens`` or ``Settings.service_tokens_file``; at most
 
 - the first is the one this process sends, every one listed is accepted;
 - the file (a mounted Kubernetes Secret, one token per line) is re-read when it changes, at most
-  once per ``RELOAD_INTERVAL_S``, so a rotation needs no restart: list ``new`` after ``old``
+  once per ``GSAGE_SERVICE_TOKENS_RELOAD_S``, so a rotation needs no restart: list ``new`` after ``old``
   everywhere, then ``new`` first, then ``new`` alone;
 - with neither set, an ephemeral token is generated once and put in this process's
   environment, so that the processes it starts share it (``bentoml serve`` runs every service
@@ -40,8 +40,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from common.bento.foreign_errors import in_one_shape
 from common.errors import ApiError, send_error
 from common.files import file_signature
+from common.settings import SecuritySection
 from common.request_headers import BODY_METHODS, JSON, OCTET_STREAM, RequestHeaders, with_body_type
 
 log = logging.getLogger("graphsage.service_auth")
@@ -55,7 +57,6 @@ TOKENS_ENV = "GSAGE_SERVICE_TOKENS"
 MAX_TOKENS = 2
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 512
-RELOAD_INTERVAL_S = 1.0
 # Probes and scrapers: no token, no body.
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
 # What the services here send each other: JSON (admin calls) and the binary wire format.
@@ -88,9 +89,10 @@ def ensure_shared_token() -> None:
 class ServiceTokens:
     """The accepted tokens (the first is the one to send), from a list or a file re-read on change."""
 
-    def __init__(self, tokens: Sequence[str] = (), path: str = "", *,
+    def __init__(self, tokens: Sequence[str] = (), path: str = "", *, reload_interval_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self._reload_interval_s = reload_interval_s
         self._clock = clock
         self._signature: tuple[int, int, int] | None = None
         self._next_check = 0.0
@@ -104,11 +106,12 @@ class ServiceTokens:
             raise ValueError(f"no service token: set {TOKENS_ENV} or {TOKENS_ENV}_FILE")
 
     @classmethod
-    def from_settings(cls, cfg: Any) -> ServiceTokens:
-        if not cfg.service_tokens and not cfg.service_tokens_file:
+    def from_settings(cls, security: SecuritySection) -> ServiceTokens:
+        if not security.service_tokens and not security.service_tokens_file:
             # Read at call time: ensure_shared_token may have set it after the settings were read.
             return cls(parse_tokens(os.environ.get(TOKENS_ENV, ""), TOKENS_ENV))
-        return cls(cfg.service_tokens, cfg.service_tokens_file)
+        return cls(security.service_tokens, security.service_tokens_file,
+                   reload_interval_s=security.service_tokens_reload_s)
 
     def __repr__(self) -> str:
         return f"ServiceTokens({len(self._tokens)} token(s){', file ' + self.path if self.path else ''})"
@@ -139,7 +142,7 @@ class ServiceTokens:
 
     def _refresh(self) -> None:
         if self.path and self._clock() >= self._next_check:
-            self._next_check = self._clock() + RELOAD_INTERVAL_S
+            self._next_check = self._clock() + self._reload_interval_s
             self._load_file()
 
     @property
@@ -180,9 +183,10 @@ class ServiceGuard:
     401 for any call without an accepted token, except the probe and scrape routes. What passes
     carries the one ``Content-Type`` judged here (``with_body_type``).
 
-    ``routes``: path -> (the body's media type, the answer's)."""
+    ``tokens``: the accepted tokens, or what builds them on the first request (in the worker,
+    after ``ensure_shared_token``). ``routes``: path -> (the body's media type, the answer's)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | None = None,
+    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | Callable[[], ServiceTokens],
                  routes: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.app = app
         self._tokens = tokens
@@ -190,10 +194,8 @@ class ServiceGuard:
 
     @property
     def tokens(self) -> ServiceTokens:
-        if self._tokens is None:  # built on the first request: the settings are read in the worker
-            from common.settings import settings
-
-            self._tokens = ServiceTokens.from_settings(settings())
+        if not isinstance(self._tokens, ServiceTokens):
+            self._tokens = self._tokens()
         return self._tokens
 
     def _admit_headers(self, scope: Scope, headers: RequestHeaders) -> Scope:
@@ -213,6 +215,7 @@ class ServiceGuard:
             scope = self._admit_headers(scope, headers)
         except ApiError as exc:
             return await send_error(send, exc)
+        send = in_one_shape(send)  # what BentoML answers itself (its router's 404) in the one error shape
         if scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         presented = headers.get("authorization")

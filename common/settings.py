@@ -19,9 +19,11 @@ import math
 import os
 import sys
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+import logging
+import warnings
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -63,6 +65,20 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1)]
 
 
+# -- closed choices, each defined once ----------------------------------------------------------
+
+Backend = Literal["onnx", "onnx-cuda", "openvino", "torch", "tensorrt"]
+Precision = Literal["fp32", "int8"]
+GraphLogChoice = Literal["auto", "file", "redis"]
+TransportDtype = Literal["float32", "float16"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+TRANSPORT_DTYPES: tuple[str, ...] = get_args(TransportDtype)
+
+
+# -- the sections, one per owner ----------------------------------------------------------------------
+
+
 class ModelStoreSection(BaseModel):
     snapshot_tag: str = Field("graph-snapshot:latest", min_length=1, description="graph the FeatureRunner serves (memory-mapped)")
     model_tags: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], NoDecode, BeforeValidator(_split)] = Field(
@@ -79,27 +95,35 @@ class SamplingSection(BaseModel):
                         "to the forward pass")
 
 
+class RedisSection(BaseModel):
+    redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
+        "", description="L2 and shared rate limits: `redis://host:port/0`, `redis+cluster://host:port`, "
+                        "`rediss://` for TLS; empty: no Redis")
+    redis_ca_file: FilePath = Field("", description="CA bundle that verifies a `rediss://` server (empty: the system's)")
+
+
 class FeatureCacheSection(BaseModel):
     l1_bytes: Annotated[int, Field(ge=0)] = Field(64 * 1024 * 1024, description="per-process LRU+TTL cache of feature rows, bytes")
     l1_ttl_s: Positive = Field(300.0, description="L1 entry lifetime")
     l1_admit_min_uses: Annotated[int, Field(ge=0)] = Field(
         3, description="a full L1 admits a row only after this many recent lookups (TinyLFU-style; 0: plain LRU)")
-    redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
-        "", description="L2 and shared rate limits: `redis://host:port/0`, `redis+cluster://host:port`, "
-                        "`rediss://` for TLS; empty: no Redis")
-    redis_ca_file: FilePath = Field("", description="CA bundle that verifies a `rediss://` server (empty: the system's)")
     l2_ttl_s: Count = Field(3600, description="Redis entry lifetime, seconds")
     l2_timeout_s: Positive = Field(0.05, description="a Redis read's deadline (then origin)")
     l2_timeout_per_key_us: NonNegative = Field(
         5.0, description="added to a read's deadline per key: a bulk read is not cut off at a single node's budget")
     l2_retry_backoff_s: Positive = Field(1.0, description="after a Redis failure, calls skip it this long before one probe")
+    l2_script_pause_s: Positive = Field(
+        60.0, description="after a Redis Cluster refused the read script, reads use plain MGETs this long before trying it again")
     l2_write_delay_ms: NonNegative = Field(100.0, description="write-back of origin misses is coalesced this long")
     l2_write_batch_rows: Count = Field(1024, description="... or until this many rows wait")
     l2_max_inflight_writes: Count = Field(64, description="write-backs in flight; more are dropped and counted")
     warm_nodes: Annotated[int, Field(ge=0)] = Field(0, description="hottest nodes (by degree) preloaded into L1/L2")
     scan_min_targets: Annotated[int, Field(ge=0)] = Field(
         64, description="feature batches this large are scans: the snapshot only, no cache read or fill (0: off)")
-    feature_transport_dtype: Literal["float32", "float16"] = Field(
+
+
+class FeatureTensorSection(BaseModel):
+    feature_transport_dtype: TransportDtype = Field(
         "float16", description="FeatureTensor rows between the runners (`float32` for bit-exact features)")
     premean: bool = Field(True, description="mean-aggregator versions get the premean FeatureTensor (the last hop as its means)")
     premean_min_targets: Count = Field(16, description="... for requests of at least this many nodes")
@@ -108,7 +132,7 @@ class FeatureCacheSection(BaseModel):
 class LiveGraphSection(BaseModel):
     graph_capacity: Annotated[int, Field(ge=0)] = Field(
         0, description="node ids an update may use: [0, capacity) (0: twice the snapshot's nodes)")
-    graph_log: Literal["auto", "file", "redis"] = Field(
+    graph_log: GraphLogChoice = Field(
         "auto", description="the update log: Redis Streams, or an fsynced file on local disk (auto: Redis when "
                             "`GSAGE_GRAPH_LOG_REDIS_URL` or `GSAGE_REDIS_URL` is set)")
     graph_log_redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
@@ -117,19 +141,23 @@ class LiveGraphSection(BaseModel):
     graph_log_dir: str = Field("", description="the file log's directory (empty: `~/.local/share/graphsage/update-log`)")
     graph_log_key: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] = Field(
         "gsage-updates", description="the Redis log's key prefix (one slot in a Cluster)")
+    graph_log_segment_bytes: Annotated[int, Field(ge=1 << 16)] = Field(
+        64 << 20, description="the file log rolls to a new segment once a record would take it past this")
+    graph_log_lock_timeout_s: Positive = Field(30.0, description="the longest a writer waits for the file log's lock")
+    graph_log_read_batch: Count = Field(500, description="log entries a worker reads at a time while it catches up")
     graph_poll_interval_ms: Positive = Field(20.0, description="how often each FeatureRunner worker looks for new updates")
+    graph_status_interval_s: Positive = Field(
+        1.0, description="how often each worker publishes its status (`GET /graph/status`) and trims the log")
     graph_max_ops: Count = Field(10_000, description="ops in one update batch (413 above)")
-    graph_update_timeout_s: Positive = Field(10.0, description="the gateway's deadline for one update batch "
-                                                               "(the FeatureRunner catches up, validates, appends, applies)")
     min_sequence_wait_s: NonNegative = Field(
         1.0, description="how long a prediction with `min_sequence` waits for that update (then 503 with Retry-After)")
 
 
 class ModelRunnerSection(BaseModel):
-    backend: Literal["onnx", "onnx-cuda", "openvino", "torch", "tensorrt"] = Field(
+    backend: Backend = Field(
         "onnx", description="`onnx`, `onnx-cuda`, `openvino` (needs the `openvino` extra), `torch` (reference, "
                             "needs torch installed); `tensorrt` is the GPU issue's")
-    precision: Literal["fp32", "int8"] = Field(
+    precision: Precision = Field(
         "fp32", description="`int8`: a version's INT8 graph where its export stored one that passed the accuracy "
                             "guard on this backend (`onnx`, `openvino`), else FP32; answers say which served them")
     intra_op_threads: Count = Field(1, description="compute threads per model worker")
@@ -150,34 +178,56 @@ class ServingSection(BaseModel):
     request_timeout_s: Positive = Field(30.0, description="BentoML's per-request timeout of every service (504 after it)")
     gateway_max_concurrency: Count = Field(2048, description="requests in flight per gateway worker (503 above)")
     runner_max_concurrency: Count = Field(1024, description="requests in flight per runner worker (503 above)")
-    direct_api: bool = Field(True, description="the hot APIs answered past BentoML's per-request dispatch "
-                                               "(common/bento/direct_api.py); off: through `@bentoml.api`, same answers")
     tracing: bool = Field(False, description="BentoML's OpenTelemetry spans (off: its middleware passes requests through)")
     access_log: bool = Field(True, description="the gateway's access log (the internal hops never log one)")
 
 
-class GatewaySection(BaseModel):
+class AccessSection(BaseModel):
     auth_enabled: bool = Field(False, description="API keys required (`predict`, `admin` scopes)")
     api_keys_file: FilePath = Field("", description="the key file (`python -m services.auth create`)")
     rate_limit_per_s: NonNegative = Field(0.0, description="token bucket per key (0: unlimited); one budget for HTTP and "
                                                            "gRPC, shared through Redis when `GSAGE_REDIS_URL` is set")
     rate_limit_burst: Count = Field(100, description="bucket size")
+
+
+class RoutingSection(BaseModel):
     routing_file: str = Field("", description="canary / A-B routing table (empty: in memory)")
     routing_poll_interval_s: Positive = Field(1.0, description="how often each gateway worker looks for routing changes")
+
+
+class RunnerCallsSection(BaseModel):
     runner_timeout_s: Positive = Field(2.0, description="deadline of one FeatureRunner call (its model call gets 3/4 of it)")
     connection_retry_pauses_s: Annotated[tuple[Annotated[float, Field(ge=0, le=5)], ...], NoDecode,
                                          BeforeValidator(_split)] = Field(
         (0.0, 0.02, 0.1), max_length=5, description="a connection lost mid-call is retried after each of these pauses")
     breaker_failures: Count = Field(5, description="consecutive failures that open a runner's circuit breaker")
     breaker_reset_s: NonNegative = Field(2.0, description="an open breaker lets a probe through after this long")
+
+    @property
+    def model_call_timeout_s(self) -> float:
+        """The time the FeatureRunner waits on the model runner for one request (its calls
+        together, its own work in between not counted): within the gateway's deadline, so that a
+        slow model runner is reported as such rather than as a slow FeatureRunner (-> degraded
+        answers); the last quarter is left to sampling and fetching."""
+        return 0.75 * self.runner_timeout_s
+
+
+class CoalescingSection(BaseModel):
     coalesce_max_inflight: Count = Field(4, description="merged FeatureRunner calls in flight per gateway worker")
     coalesce_overlap_ratio: Annotated[float, Field(gt=0)] = Field(
         1.0, description="beside calls in flight, a new one starts once full or this many times the largest (`inf`: full only)")
     coalesce_max_nodes: Count = Field(2048, description="nodes in one merged FeatureRunner call")
+
+
+class GatewaySection(BaseModel):
     max_body_bytes: Count = Field(1 << 20, description="largest request body (HTTP and gRPC; 413 above)")
     stale_answers: Annotated[int, Field(ge=0)] = Field(
         200_000, description="nodes whose last answer is kept for degraded answers while the FeatureRunner is down")
     grpc_port: Annotated[int, Field(ge=0, le=65535)] = Field(50051, description="gRPC port (0: off)")
+    graph_update_timeout_s: Positive = Field(10.0, description="the gateway's deadline for one update batch "
+                                                               "(the FeatureRunner catches up, validates, appends, applies)")
+    compaction_timeout_s: Positive = Field(
+        600.0, description="the gateway's deadline for `POST /admin/graph/compact` (the fold and the snapshot's save)")
 
 
 class ShadowSection(BaseModel):
@@ -194,6 +244,7 @@ class ShadowSection(BaseModel):
     shadow_stats_dir: str = Field(
         "", description="where each gateway worker writes its shadow figures, for `GET /admin/shadow` and the routing "
                         "CLI to add up (empty: `<routing file>.shadow` beside a routing file, else per worker)")
+    shadow_flush_interval_s: Positive = Field(1.0, description="how often each gateway worker writes its shadow figures")
 
 
 class SecuritySection(BaseModel):
@@ -202,6 +253,7 @@ class SecuritySection(BaseModel):
     service_tokens: CommaList = Field((), max_length=2, description="tokens the runners accept on internal calls (the first "
                                                                     "is sent; two during a rotation)")
     service_tokens_file: FilePath = Field("", description="the same from a file, one per line, re-read on change (a Secret)")
+    service_tokens_reload_s: Positive = Field(1.0, description="how often the token file is looked at for a change")
 
     @model_validator(mode="after")
     def _tls_pair(self) -> SecuritySection:
@@ -212,9 +264,13 @@ class SecuritySection(BaseModel):
         return self
 
 
-SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, FeatureCacheSection, LiveGraphSection,
-                                         ModelRunnerSection, ServingSection, GatewaySection, ShadowSection,
-                                         SecuritySection)
+SECTIONS: tuple[type[BaseModel], ...] = (ModelStoreSection, SamplingSection, RedisSection, FeatureCacheSection,
+                                         FeatureTensorSection, LiveGraphSection, ModelRunnerSection, ServingSection,
+                                         AccessSection, RoutingSection, RunnerCallsSection, CoalescingSection,
+                                         GatewaySection, ShadowSection, SecuritySection)
+S = TypeVar("S", bound=BaseModel)
+# Variables that once were settings: set, they are ignored with a warning instead of stopping the start.
+RETIRED = {"GSAGE_DIRECT_API": "every endpoint is answered by the service's own router now (common/endpoints.py)"}
 
 
 class _MappingEnv(EnvSettingsSource):
@@ -228,9 +284,14 @@ class _MappingEnv(EnvSettingsSource):
         return {k.lower(): v for k, v in self._env.items()}
 
 
-class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, ModelRunnerSection, LiveGraphSection,
-               FeatureCacheSection, SamplingSection, ModelStoreSection, BaseSettings):
+class Settings(SecuritySection, ShadowSection, GatewaySection, CoalescingSection, RunnerCallsSection, RoutingSection,
+               AccessSection, ServingSection, ModelRunnerSection, LiveGraphSection, FeatureTensorSection,
+               FeatureCacheSection, RedisSection, SamplingSection, ModelStoreSection, BaseSettings):
+    """Every ``GSAGE_*`` variable, flat (the names stay those documented); each owner takes its
+    section (``section``, or the named properties below), never the whole object."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="forbid", frozen=True)
+    _sections: dict[type[BaseModel], BaseModel] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -250,19 +311,80 @@ class Settings(SecuritySection, ShadowSection, GatewaySection, ServingSection, M
                              f"({self.coalesce_max_nodes}), the most one shadow call may carry: it would never fill")
         return self
 
+    def section(self, kind: type[S]) -> S:
+        """This configuration's ``kind`` section (a copy of its fields)."""
+        cached = self._sections
+        if kind not in cached:
+            cached[kind] = kind.model_construct(**{name: getattr(self, name) for name in kind.model_fields})
+        return cached[kind]  # type: ignore[no-any-return]
+
+    @property
+    def model_store(self) -> ModelStoreSection:
+        return self.section(ModelStoreSection)
+
+    @property
+    def sampling(self) -> SamplingSection:
+        return self.section(SamplingSection)
+
+    @property
+    def redis(self) -> RedisSection:
+        return self.section(RedisSection)
+
+    @property
+    def feature_cache(self) -> FeatureCacheSection:
+        return self.section(FeatureCacheSection)
+
+    @property
+    def feature_tensor(self) -> FeatureTensorSection:
+        return self.section(FeatureTensorSection)
+
+    @property
+    def live_graph(self) -> LiveGraphSection:
+        return self.section(LiveGraphSection)
+
+    @property
+    def model_runner(self) -> ModelRunnerSection:
+        return self.section(ModelRunnerSection)
+
+    @property
+    def serving(self) -> ServingSection:
+        return self.section(ServingSection)
+
+    @property
+    def access(self) -> AccessSection:
+        return self.section(AccessSection)
+
+    @property
+    def routing(self) -> RoutingSection:
+        return self.section(RoutingSection)
+
+    @property
+    def runner_calls(self) -> RunnerCallsSection:
+        return self.section(RunnerCallsSection)
+
+    @property
+    def coalescing(self) -> CoalescingSection:
+        return self.section(CoalescingSection)
+
+    @property
+    def gateway(self) -> GatewaySection:
+        return self.section(GatewaySection)
+
+    @property
+    def shadow(self) -> ShadowSection:
+        return self.section(ShadowSection)
+
+    @property
+    def security(self) -> SecuritySection:
+        return self.section(SecuritySection)
+
+    # -- values that combine sections ----------------------------------------------------------
+
     @property
     def runner_call_max_nodes(self) -> int:
         """The most nodes one FeatureRunner call may carry: a client's request, or the gateway's
         merge of several."""
         return max(self.max_nodes_per_request, self.coalesce_max_nodes)
-
-    @property
-    def model_call_timeout_s(self) -> float:
-        """The time the FeatureRunner waits on the model runner for one request (its calls
-        together, its own work in between not counted): within the gateway's deadline, so that a
-        slow model runner is reported as such (502 -> 503) rather than as a slow FeatureRunner
-        (-> degraded answers); the last quarter is left to sampling and fetching."""
-        return 0.75 * self.runner_timeout_s
 
     @property
     def graph_log_url(self) -> str:
@@ -294,7 +416,15 @@ def env_name(field: str) -> str:
 def _unknown(env: Mapping[str, str]) -> list[str]:
     known = {env_name(name) for name in Settings.model_fields}
     return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known
-                  and k.upper() not in CLIENT_VARIABLES and not k.upper().startswith(CLIENT_PREFIXES))
+                  and k.upper() not in CLIENT_VARIABLES and not k.upper().startswith(CLIENT_PREFIXES)
+                  and k.upper() not in RETIRED)
+
+
+def _warn_retired(env: Mapping[str, str]) -> None:
+    for name in sorted(k.upper() for k in env if k.upper() in RETIRED):
+        message = f"{name} is set but no longer has an effect: {RETIRED[name]}; unset it"
+        logging.getLogger("graphsage.settings").warning(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _explain(exc: ValidationError, env: Mapping[str, str]) -> str:
@@ -323,7 +453,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         hints = [f"{u} (did you mean {', '.join(m)}?)" if (m := difflib.get_close_matches(u.upper(), names, 2)) else u
                  for u in unknown]
         raise SettingsError(f"unknown setting {'; '.join(hints)}; `python -m common.settings` lists them all")
-    _SOURCE["env"] = env
+    _warn_retired(env)
+    _SOURCE["env"] = {k: v for k, v in env.items() if k.upper() not in RETIRED}
     try:
         return Settings()
     except ValidationError as exc:
@@ -336,40 +467,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 def settings() -> Settings:
     """The process-wide settings, read once (a bad value stops the start here)."""
     return load_settings()
-
-
-# -- BentoML service configuration built from the settings ---------------------------------------
-
-
-def runner_service_options(workers: int) -> dict:
-    """BentoML service config shared by both runners (separately scaled, internal hops only)."""
-    cfg = settings()
-    return {
-        "workers": workers,
-        "traffic": {"timeout": cfg.request_timeout_s, "max_concurrency": cfg.runner_max_concurrency},
-        # The gateway's access log, metrics and traces cover a request; a log line per hop costs CPU.
-        "logging": {"access": {"enabled": False}},
-        "tracing": tracing_config(),
-    }
-
-
-def tracing_config() -> dict:
-    """BentoML wraps every service in OpenTelemetry's ASGI middleware, which builds a span per
-    request even with no exporter (bench.suite's profile shows its share of the gateway's CPU).
-    Unless ``GSAGE_TRACING`` is on, every URL is excluded, which makes it a pass-through."""
-    return {} if settings().tracing else {"excluded_urls": [".*"]}
-
-
-def gateway_ssl_config() -> dict:
-    """BentoML's ``ssl`` service config for the gateway's HTTP front end (the gRPC front end
-    reads the same files): on when ``tls_cert_file`` and ``tls_key_file`` are set, and only in
-    a process that serves the gateway (``common.bento.serving`` says why)."""
-    from common.bento.serving import serves
-
-    cfg = settings()
-    if not cfg.tls_cert_file or not serves("Gateway", main=True):
-        return {}
-    return {"enabled": True, "certfile": cfg.tls_cert_file, "keyfile": cfg.tls_key_file}
 
 
 # -- the README's configuration table --------------------------------------------------------------

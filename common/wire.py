@@ -116,3 +116,32 @@ def _read_array(view: memoryview, offset: int, spec: object) -> tuple[str, np.nd
     if end > len(view):
         raise WireError("array data runs past the end of the message")
     return spec["name"], np.frombuffer(view[offset:end], dtype=dtype).reshape(shape), end
+
+
+class Packed:
+    """A ``pack``ed message as the bytes that travel, unpacked on first use (zero-copy views):
+    a service that relays a message (the FeatureRunner, the model runner's answer) never opens it."""
+
+    __slots__ = ("data", "_unpacked")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._unpacked: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+
+    @classmethod
+    def of(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> Packed:
+        return cls(pack(arrays, meta))
+
+    def unpack(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(meta, arrays); raises ``WireError`` for a malformed message."""
+        if self._unpacked is None:
+            self._unpacked = unpack(self.data)
+        return self._unpacked
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.unpack()[0]
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.unpack()[1]

@@ -39,7 +39,8 @@ def build_demo_store(home: str) -> tuple[str, str]:
 
 def service_headers(env: dict[str, str]) -> dict[str, str]:
     """The header a call to a runner started with ``env`` needs (its service token)."""
-    return ServiceTokens.from_settings(load_settings({k: v for k, v in env.items() if k.startswith("GSAGE_")})).header()
+    return ServiceTokens.from_settings(load_settings({k: v for k, v in env.items()
+                                                     if k.startswith("GSAGE_")}).security).header()
 
 
 class Service(ServiceProcess):

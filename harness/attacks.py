@@ -92,16 +92,17 @@ def send_pickles(targets: Sequence[Target], marker: str) -> Outcome:
 
 
 def service_routes(name: str) -> list[str]:
-    """Every API route of one of the app's services, from the service definitions themselves."""
-    from services.gateway import Gateway
+    """Every endpoint of one of the app's services, from the endpoint tables the services serve."""
+    from common import feature_runner_api, model_runner_api
+    from services import api
 
-    service = Gateway if name == "Gateway" else Gateway.find_dependent_by_name(name)
-    return sorted(api.route for api in service.apis.values())
+    tables = {"Gateway": api.ENDPOINTS, "FeatureRunner": feature_runner_api.ENDPOINTS,
+              "GraphSAGERunner": model_runner_api.ENDPOINTS}
+    return sorted({ep.path for ep in tables[name]})
 
 
 # Routes beside the APIs that a guard must hold too: documents, probes, scrapes, and none at all.
 OTHER_ROUTES = ("/docs.json", "/schema.json", "/livez", "/readyz", "/healthz", "/metrics", "/no-such-route")
-GATEWAY_PLAIN_ROUTES = ("/models", "/graph/status", "/admin/shadow")
 
 
 def app_targets(model_url: str, feature_url: str, gateway_url: str, token: str, api_key: str) -> list[Target]:
@@ -111,7 +112,7 @@ def app_targets(model_url: str, feature_url: str, gateway_url: str, token: str, 
     targets = [Target(name, url, [*service_routes(name), *OTHER_ROUTES], ("Authorization", f"Bearer {token}"), wrong)
                for name, url in (("GraphSAGERunner", model_url), ("FeatureRunner", feature_url))]
     gateway_routes = service_routes("Gateway")
-    targets.append(Target("Gateway", gateway_url, [*gateway_routes, *GATEWAY_PLAIN_ROUTES, *OTHER_ROUTES],
+    targets.append(Target("Gateway", gateway_url, [*gateway_routes, *OTHER_ROUTES],
                           ("Authorization", f"Bearer {api_key}"), wrong))
     targets.append(Target("Gateway", gateway_url, gateway_routes, ("X-API-Key", api_key), ("X-API-Key", "gsk_wrong")))
     return targets

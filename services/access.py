@@ -9,26 +9,39 @@ allows the configured rate; one worker is the default).
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 from services.auth import ApiKeyAuth
-from services.ratelimit import RateLimiter, build_rate_limiter
+from services.ratelimit import RateLimiter
 
 
-@functools.lru_cache(maxsize=1)
-def gateway_access() -> tuple[ApiKeyAuth, RateLimiter]:
-    """This process's authenticator and rate limiter, built once from the settings."""
-    from common.settings import settings
+class GatewayAccess:
+    """The authenticator and the rate limiter, built on first use in the process that serves
+    (a Redis client belongs to the event loop of the worker that uses it)."""
 
-    cfg = settings()
-    return ApiKeyAuth.from_settings(cfg), build_rate_limiter(cfg)
+    def __init__(self, build: Callable[[], tuple[ApiKeyAuth, Any]]) -> None:
+        self._build = build
+        self._built: tuple[ApiKeyAuth, Any] | None = None
 
+    @classmethod
+    def of(cls, auth: ApiKeyAuth, limiter: RateLimiter | Any) -> GatewayAccess:
+        """Given ones (tests)."""
+        return cls(lambda: (auth, limiter))
 
-def resolve_access(auth: ApiKeyAuth | None = None, limiter: Any | None = None) -> tuple[ApiKeyAuth, Any]:
-    """The given authenticator and limiter (tests), else this process's."""
-    if auth is not None and limiter is not None:
-        return auth, limiter
-    shared_auth, shared_limiter = gateway_access()
-    # ``is None``, not ``or``: a LocalRateLimiter with no buckets yet has len() 0, i.e. is falsy.
-    return (shared_auth if auth is None else auth, shared_limiter if limiter is None else limiter)
+    def _get(self) -> tuple[ApiKeyAuth, Any]:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    @property
+    def auth(self) -> ApiKeyAuth:
+        return self._get()[0]
+
+    @property
+    def limiter(self) -> Any:
+        return self._get()[1]
+
+    async def aclose(self) -> None:
+        if self._built is not None and hasattr(self._built[1], "aclose"):
+            await self._built[1].aclose()

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from common.predict_request import EXPLANATION_ARRAYS
+from common.feature_runner_api import EXPLANATION_ARRAYS
 from services.protocol import PredictResponse
 
 MULTILABEL_THRESHOLD = 0.5

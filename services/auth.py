@@ -48,6 +48,7 @@ from typing import Any
 
 from common.errors import KindOfError
 from common.files import atomic_write_json, file_lock, file_signature
+from common.settings import AccessSection
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +199,12 @@ class ApiKeyAuth:
         return cls((), enabled=False)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ApiKeyAuth:
-        if not settings.auth_enabled:
+    def from_settings(cls, access: AccessSection) -> ApiKeyAuth:
+        if not access.auth_enabled:
             return cls.disabled()
-        if not settings.api_keys_file:
+        if not access.api_keys_file:
             raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
-        return cls.from_file(settings.api_keys_file)
+        return cls.from_file(access.api_keys_file)
 
     def names(self) -> list[str]:
         return [e.name for e in self._entries]

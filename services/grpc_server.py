@@ -2,15 +2,16 @@
 
 BentoML 1.4 serves no gRPC for new-style services, so this is a ``grpc.aio`` server started by the
 Gateway's ``on_startup`` hook in the same worker process and event loop as the HTTP front end. It
-calls the same ``Gateway.run_predict`` (routing, breakers, degraded answers, metrics), admits with
-the same ``ApiKeyAuth`` and rate limiter as HTTP (``services.access``: one budget per key across
-both protocols), and
-adds the standard health service (``grpc.health.v1.Health``: SERVING for ``""`` and
+calls the same core as HTTP (``services.core.GatewayCore``: routing, breakers, degraded answers,
+metrics), admits with the same ``ApiKeyAuth`` and rate limiter (``services.access``: one budget
+per key across both protocols), and adds the standard health service (``grpc.health.v1.Health``: SERVING for ``""`` and
 ``graphsage.v1.GraphSAGE``) and server reflection.
 
 Auth: metadata ``authorization: Bearer <key>`` or ``x-api-key: <key>``; both RPCs need the
 ``predict`` scope (as HTTP ``/predict`` and ``/models``). Rate limits are per key name, as HTTP.
 
+Errors: the same ``ApiError`` as HTTP, its status mapped to a code, its message as the details,
+its type and param as the trailers ``error-type`` and ``error-param``, its headers as trailers.
 Status codes (never INTERNAL for bad input)::
 
     no/invalid key                      UNAUTHENTICATED     (trailer www-authenticate: Bearer)
@@ -48,11 +49,13 @@ from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
 from common.errors import ApiError
+from common.graph_ops import BY_NAME
 from common.request_headers import RequestHeaders
-from services.access import resolve_access
+from services.access import GatewayAccess
 from services.answer import Answer
+from services.core import GatewayCore
 from services.grpc_codegen import ensure_stubs
-from services.protocol import GraphUpdate, PredictRequest, PredictResponse
+from services.protocol import PredictRequest, PredictResponse
 from services.ratelimit import rate_limited
 
 # Before importing the stubs: a fresh checkout has none (they are generated, not committed).
@@ -133,28 +136,29 @@ def to_request(msg: Any) -> PredictRequest:
     return PredictRequest(**params)
 
 
-def to_graph_update(msg: Any) -> GraphUpdate:
-    """The proto batch as the shared pydantic model (the HTTP body's); raises ``ValidationError``."""
+def ops_from_proto(msg: Any) -> list[dict[str, Any]]:
+    """The proto batch as the JSON ops of ``common.graph_ops.OPS`` (what HTTP carries): each
+    oneof case is an op of that name, each of its fields the op's field of the same name."""
     ops: list[dict[str, Any]] = []
     for op in msg.ops:
         kind = op.WhichOneof("op")
-        body = getattr(op, kind) if kind else None
-        if kind == "add_node":
-            item: dict[str, Any] = {"op": kind, "id": body.id, "features": list(body.features)}
-            if body.HasField("label"):
+        spec = BY_NAME.get(kind or "")
+        if spec is None:
+            ops.append({"op": "(none)"})  # refused by the shape check, with this op's index
+            continue
+        body = getattr(op, kind)
+        item: dict[str, Any] = {"op": kind}
+        for field in spec.fields:
+            if field.kind == "node":
+                item[field.name] = getattr(body, field.name)
+            elif field.kind == "features":
+                item[field.name] = list(getattr(body, field.name))
+            elif body.HasField("label"):  # proto3: one label, or a repeated list of tags
                 item["label"] = body.label
             elif body.labels:
                 item["label"] = list(body.labels)
-        elif kind == "set_features":
-            item = {"op": kind, "id": body.id, "features": list(body.features)}
-        elif kind in ("add_edge", "remove_edge"):
-            item = {"op": kind, "src": body.src, "dst": body.dst}
-        elif kind == "remove_node":
-            item = {"op": kind, "id": body.id}
-        else:
-            item = {"op": "(none)"}  # refused by the model, with this op's index
         ops.append(item)
-    return GraphUpdate(ops=ops)
+    return ops
 
 
 def to_proto(resp: Answer | PredictResponse) -> Any:
@@ -195,25 +199,25 @@ def _floats(values: Any) -> list[float]:
     return values.tolist() if hasattr(values, "tolist") else values
 
 
-def _trailers(headers: dict[str, str]) -> list[tuple[str, str]]:
-    return [(k.lower(), str(v)) for k, v in headers.items() if k.lower() in ("retry-after", "www-authenticate")]
+def trailers_of(exc: ApiError) -> list[tuple[str, str]]:
+    """An error's type, param and headers as the trailers of the RPC that failed."""
+    out = [("error-type", exc.type), *((("error-param", exc.param),) if exc.param else ())]
+    return out + [(k.lower(), str(v)) for k, v in exc.headers.items() if k.lower() in ("retry-after", "www-authenticate")]
 
 
 class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
-    """``graphsage.v1.GraphSAGE`` over a Gateway-like object: ``run_predict(PredictRequest)``
-    (raises ``ApiError``) and ``describe_models()``."""
+    """``graphsage.v1.GraphSAGE`` over the gateway's core."""
 
-    def __init__(self, gateway: Any, auth: Any, limiter: Any) -> None:
-        self.gateway = gateway
-        self.auth = auth
-        self.limiter = limiter
+    def __init__(self, core: GatewayCore, access: GatewayAccess) -> None:
+        self.core = core
+        self.access = access
 
     async def _admit(self, context: grpc.aio.ServicerContext, scope: str) -> None:
         # One reading of the credentials, as HTTP's: a second authorization or x-api-key is refused.
         metadata = RequestHeaders((key.encode("latin-1"), value.encode("latin-1"))
                                   for key, value in context.invocation_metadata() or () if isinstance(value, str))
-        principal = self.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)  # AuthError
-        decision = await self.limiter.acquire(principal.name)
+        principal = self.access.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)
+        decision = await self.access.limiter.acquire(principal.name)
         if not decision.allowed:
             raise rate_limited(decision.retry_after_s)
 
@@ -227,7 +231,7 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         except _Reject as exc:
             failure = exc
         except ApiError as exc:
-            failure = _Reject(status_for(exc.status), exc.message, _trailers(exc.headers))
+            failure = _Reject(status_for(exc.status), exc.message, trailers_of(exc))
         except Exception:  # noqa: BLE001 - a bug: logged here, a generic message to the caller
             log.exception("gRPC %s failed", method)
             failure = _Reject(grpc.StatusCode.INTERNAL, "internal error")
@@ -243,24 +247,20 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
                 req = to_request(msg)
             except ValidationError as exc:  # only the request's: a ValidationError later is a bug
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, ApiError.invalid(exc).message) from exc
-            return to_proto(await self.gateway.run_predict(req))
+            return to_proto(await self.core.predict(req))
 
         return await self._serve(request, context, body, "Predict")
 
     async def UpdateGraph(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         async def body(msg: Any) -> Any:
-            try:
-                update = to_graph_update(msg)
-            except ValidationError as exc:
-                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, ApiError.invalid(exc).message) from exc
-            ack = await self.gateway.update_graph(update)
-            return pb.UpdateGraphResponse(accepted=ack["accepted"], sequence=ack["sequence"])
+            ack = await self.core.graph_update(ops_from_proto(msg))
+            return pb.UpdateGraphResponse(accepted=ack.accepted, sequence=ack.sequence)
 
         return await self._serve(request, context, body, "UpdateGraph", scope="graph")
 
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         async def body(_: Any) -> Any:
-            doc = await self.gateway.describe_models()
+            doc = await self.core.models()
             runner = doc.get("model_runner")
             loaded = runner.get("loaded", []) if isinstance(runner, dict) else []
             tags = [m.get("tag", "") if isinstance(m, dict) else str(m) for m in loaded]
@@ -296,22 +296,13 @@ def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials 
         return grpc.ssl_server_credentials([(key.read(), cert.read())])
 
 
-async def start_grpc_server(gateway: Any, port: int, *, host: str | None = None, auth: Any = None,
-                            limiter: Any = None, max_receive_bytes: int | None = None,
-                            max_concurrent_rpcs: int | None = None) -> grpc.aio.Server | None:
-    """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (default:
-    ``Settings.bind_host``; port 0 picks a free one) and return the started server, or None
-    (logged) when the port cannot be bound, e.g. another gateway worker holds it. ``auth`` /
-    ``limiter`` default to this process's (``services.access``), the limits to the settings'.
-    The bound port is recorded as ``server.bound_port``."""
-    from common.settings import settings
-
-    cfg = settings()
-    auth, limiter = resolve_access(auth, limiter)
-    host = cfg.bind_host if host is None else host
-    max_receive_bytes = cfg.max_body_bytes if max_receive_bytes is None else max_receive_bytes
-    max_concurrent_rpcs = cfg.gateway_max_concurrency if max_concurrent_rpcs is None else max_concurrent_rpcs
-    credentials = server_credentials(cfg.tls_cert_file, cfg.tls_key_file)
+async def start_grpc_server(core: GatewayCore, access: GatewayAccess, port: int, *, host: str,
+                            max_receive_bytes: int, max_concurrent_rpcs: int, tls_cert_file: str = "",
+                            tls_key_file: str = "") -> grpc.aio.Server | None:
+    """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (port 0 picks a
+    free one) and return the started server, or None (logged) when the port cannot be bound,
+    e.g. another gateway worker holds it. The bound port is recorded as ``server.bound_port``."""
+    credentials = server_credentials(tls_cert_file, tls_key_file)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
@@ -319,7 +310,7 @@ async def start_grpc_server(gateway: Any, port: int, *, host: str | None = None,
         ],
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    server.add_generic_rpc_handlers((rpc_handler(GraphSAGEServicer(gateway, auth, limiter)),))
+    server.add_generic_rpc_handlers((rpc_handler(GraphSAGEServicer(core, access)),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

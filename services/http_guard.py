@@ -9,9 +9,10 @@
 - Authenticates (401) and authorizes by scope (403): ``/admin/*`` needs ``admin``,
   ``POST /graph/updates`` ``graph``, the rest of the API ``predict``; health, metrics and the
   OpenAPI document are public.
-- Rate limits per key (429 with Retry-After); adds Retry-After to any 503 (load shedding, a
-  model runner down) that lacks one.
-Errors are JSON ``{"error": ..., "status": ...}``.
+- Rate limits per key (429 with Retry-After).
+Every error answer is an ``ErrorBody``: the project's pass through as raised; the few that BentoML
+writes itself (its router's 404 and 405) are rewritten into that shape
+(``common.bento.foreign_errors``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from common.errors import ApiError, message_from_body, send_error
+from common.bento.foreign_errors import in_one_shape
+from common.errors import ApiError, send_error
 from common.request_headers import BODY_METHODS, JSON, RequestHeaders, with_body_type
-from services.auth import ApiKeyAuth, AuthError
+from services.access import GatewayAccess
+from services.auth import AuthError
 from services.ratelimit import rate_limited
-from services.access import resolve_access
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,13 +51,10 @@ def required_scope(path: str) -> str:
 
 
 class HttpGuard:
-    def __init__(self, app: Callable[..., Awaitable[None]], auth: ApiKeyAuth | None = None,
-                 limiter: Any | None = None, max_body_bytes: int | None = None) -> None:
-        from common.settings import settings
-
+    def __init__(self, app: Callable[..., Awaitable[None]], access: GatewayAccess, max_body_bytes: int) -> None:
         self.app = app
-        self.auth, self.limiter = resolve_access(auth, limiter)
-        self.max_body_bytes = settings().max_body_bytes if max_body_bytes is None else max_body_bytes
+        self.access = access
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,6 +68,7 @@ class HttpGuard:
                 headers.check_accept(JSON)
         except ApiError as exc:
             return await send_error(send, exc)
+        send = in_one_shape(send)
         if scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
             return await self.app(scope, receive, send)
         length = headers.get("content-length")
@@ -76,15 +76,16 @@ class HttpGuard:
             return await send_json(send, 413, f"request body larger than {self.max_body_bytes} bytes")
         needed = required_scope(scope["path"])
         try:
-            principal = self.auth.check(headers.get("authorization"), headers.get("x-api-key"), needed)
+            principal = self.access.auth.check(headers.get("authorization"), headers.get("x-api-key"), needed)
         except AuthError as exc:
             return await send_error(send, exc)
-        decision = await self.limiter.acquire(principal.name)
+        decision = await self.access.limiter.acquire(principal.name)
         if not decision.allowed:
             return await send_error(send, rate_limited(decision.retry_after_s))
         await self._forward(scope, receive, send)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``app`` with the body counted as it streams in: 413 once past ``max_body_bytes``."""
         seen = 0
         started = False
 
@@ -96,25 +97,9 @@ class HttpGuard:
                 raise BodyTooLarge()
             return message
 
-        error_start: Message | None = None
-        error_body = b""
-
         async def tracking_send(message: Message) -> None:
-            nonlocal started, error_start, error_body
-            if message["type"] == "http.response.start":
-                started = True
-                if message.get("status", 200) >= 400:  # rewritten into our error schema below
-                    error_start = message
-                    return
-            elif error_start is not None:
-                error_body += message.get("body", b"")
-                if message.get("more_body"):
-                    return
-                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in error_start.get("headers", [])
-                           if k.lower() not in (b"content-length", b"content-type")}
-                if error_start["status"] == 503:
-                    headers.setdefault("retry-after", "1")
-                return await send_json(send, error_start["status"], message_from_body(error_body), headers)
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:

@@ -30,6 +30,25 @@ def gateway_metrics() -> SimpleNamespace:
     )
 
 
+class GatewayPrometheus:
+    """``services.core.GatewayObserver`` on the metrics above, and the accepted graph ops."""
+
+    def answered(self, model: str, outcome: str, seconds: float | None) -> None:
+        m = gateway_metrics()
+        labelled(m.requests, model, outcome).inc()
+        if seconds is not None:
+            labelled(m.latency, model, outcome).observe(seconds)
+
+    def breakers(self, feature_state: int, model_state: int) -> None:
+        m = gateway_metrics()
+        labelled(m.breaker, "feature-runner").set(feature_state)
+        labelled(m.breaker, "model-runner").set(model_state)
+
+    @staticmethod
+    def graph_ops(op: str, n: int) -> None:
+        labelled(gateway_metrics().graph_updates, op).inc(n)
+
+
 @functools.lru_cache(maxsize=1)
 def shadow_metrics() -> SimpleNamespace:
     import bentoml

@@ -2,10 +2,12 @@
 
 route -> FeatureRunner.predict, which samples, fetches and hands the FeatureTensor to the
 GraphSAGERunner itself (the tensor never travels through the gateway) -> response. The gateway
-keeps a breaker per runner: the FeatureRunner's answer says which of the two failed (502: the
-model runner behind it). When the FeatureRunner is down, the answer is degraded, never an error:
-each node's last answer from this gateway (marked ``stale``) or, for nodes never answered, a null
-label; when the GraphSAGERunner is down, a 503 that clears as soon as it returns.
+keeps a breaker per runner; the FeatureRunner's errors say which of the two failed
+(``ModelRunnerUnavailable``: the model runner behind it). When the FeatureRunner is down, the answer
+is degraded, never an error: each node's last answer from this gateway (marked ``stale``) or, for
+nodes never answered, a null label; when the GraphSAGERunner is down, a 503 that clears as soon as
+it returns. Every error a runner answered reaches the client as it was raised (kind, status,
+message, ``Retry-After``): nothing is translated here.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import numpy as np
 
 from common import wire
 from common.batching import AdaptiveBatcher
-from common.predict_request import random_seed
-from common.errors import ApiError
-from common.predict_request import NOT_YET_APPLIED
-from common.remote import RunnerRejected, UpstreamFailed, failure_reason
 from common.breaker import BreakerOpen, CircuitBreaker
+from common.errors import ApiError, retry_after
+from common.feature_runner_api import ModelRunnerUnavailable, NotAppliedYet, PredictBatch, random_seed
+from common.remote import failure_reason
+from common.settings import CoalescingSection, TransportDtype
 from services.answer import PRECISION_MIXED, PRECISION_NONE, Answer, from_wire
 from services.protocol import PredictRequest
 
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("graphsage.gateway")
 
-# FeatureRunner.predict: (node_ids, fanout, seeds, model, embedding) -> the model runner's answer.
-PredictCall = Callable[..., Awaitable[bytes]]
+# FeatureRunner.predict: a batch of node ids -> the model runner's answer.
+PredictCall = Callable[[PredictBatch], Awaitable[wire.Packed]]
 
 
 class Router(Protocol):
@@ -134,22 +136,24 @@ class PredictionCore:
     answer."""
 
     def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
-                 model_breaker: CircuitBreaker, timeout_s: float, stale: StaleAnswers | None = None,
-                 max_merge_nodes: int = 1024, max_inflight: int = 4, overlap_ratio: float = 1.0,
-                 min_sequence_wait_s: float = 1.0, shadow: ShadowCanary | None = None) -> None:
+                 model_breaker: CircuitBreaker, timeout_s: float, coalescing: CoalescingSection | None = None, *,
+                 stale: StaleAnswers | None = None, min_sequence_wait_s: float = 1.0,
+                 transport_dtype: TransportDtype = "float32", shadow: ShadowCanary | None = None) -> None:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
+        coalescing = coalescing or CoalescingSection()
         self.router = router
         self._predict = predict
         self.feature_breaker = feature_breaker
         self.model_breaker = model_breaker
         self.timeout_s = timeout_s
         self.min_sequence_wait_s = min_sequence_wait_s  # a request's wait for its min_sequence, on top
+        self.transport_dtype = transport_dtype
         self.shadow = shadow  # scores answered requests with the routing table's shadow version, off this path
         self.stale = stale or StaleAnswers()
         self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
-            self._run_merged, max_batch_size=max_merge_nodes, size_of=lambda c: len(c.req.node_ids),
-            max_concurrent=max_inflight, overlap_ratio=overlap_ratio)
+            self._run_merged, max_batch_size=coalescing.coalesce_max_nodes, size_of=lambda c: len(c.req.node_ids),
+            max_concurrent=coalescing.coalesce_max_inflight, overlap_ratio=coalescing.coalesce_overlap_ratio)
 
     def route(self, req: PredictRequest) -> str:
         version = req.version
@@ -179,31 +183,33 @@ class PredictionCore:
     async def _run_group(self, calls: list[_Call]) -> list[Answer | ApiError]:
         first = calls[0]
         if not self.model_breaker.allow():  # no call at all: the model runner is known down
-            return self._model_unavailable(calls, self.model_breaker.retry_after_s(),
-                                           "model runner unavailable: circuit open")
+            return self._model_unavailable(calls, ModelRunnerUnavailable("model runner unavailable: circuit open"),
+                                           self.model_breaker.retry_after_s())
+        batch = PredictBatch.of([n for c in calls for n in c.req.node_ids], [c.seed for c in calls for _ in c.req.node_ids],
+                                first.tag, fanout=first.req.fanout, embedding=first.req.embedding,
+                                dtype=self.transport_dtype, min_sequence=max(c.req.min_sequence or 0 for c in calls),
+                                explain=first.req.explain)
         started = time.perf_counter()
         try:
             packed = await self.feature_breaker.call(
-                self._predict, node_ids=[n for c in calls for n in c.req.node_ids], fanout=first.req.fanout,
-                seeds=[c.seed for c in calls for _ in c.req.node_ids], model=first.tag,
-                embedding=first.req.embedding, min_sequence=max(c.req.min_sequence or 0 for c in calls),
-                timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls),
-                ignore=(RunnerRejected, UpstreamFailed), **({"explain": True} if first.req.explain else {}))
-        except UpstreamFailed as exc:
+                self._predict, batch, answered=_feature_runner_answered,
+                timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls))
+        except ModelRunnerUnavailable as exc:  # the FeatureRunner's words, as it said them
             self.model_breaker.record_failure()
-            return self._model_unavailable(calls, 1.0, str(exc))  # the FeatureRunner's words
-        except RunnerRejected as exc:
-            self.model_breaker.release_probe()  # the input was at fault, whichever runner said so
-            if len(calls) > 1:  # one caller's input (or its min_sequence) must not fail the others
+            return self._model_unavailable(calls, exc)
+        except ApiError as exc:
+            if not _feature_runner_answered(exc):  # down, unreachable, refusing our token: degraded
+                self.model_breaker.release_probe()
+                return [self._degraded(c.tag, c.req, exc) for c in calls]
+            self.model_breaker.release_probe()  # the input (or a min_sequence) was at fault
+            if len(calls) > 1:  # one caller's input must not fail the others
                 return await self._one_by_one(calls)
-            if exc.status == NOT_YET_APPLIED:  # read-your-writes: the update is not applied yet
-                return [ApiError.unavailable(str(exc), 1.0)]
-            return [ApiError(exc.status, str(exc))]
+            return [exc]
         except Exception as exc:  # noqa: BLE001 - anything else: the FeatureRunner is unavailable
             self.model_breaker.release_probe()
             return [self._degraded(c.tag, c.req, exc) for c in calls]
         self.model_breaker.record_success()
-        meta, arrays = wire.unpack(packed)
+        meta, arrays = packed.unpack()
         out: list[Answer | ApiError] = []
         lo = 0
         for c in calls:
@@ -218,14 +224,23 @@ class PredictionCore:
         return out
 
     @staticmethod
-    def _model_unavailable(calls: list[_Call], retry_after_s: float, message: str) -> list[Answer | ApiError]:
-        log.warning(message)
-        return [ApiError.unavailable(message, retry_after_s) for _ in calls]
+    def _model_unavailable(calls: list[_Call], exc: ApiError, retry_after_s: float | None = None
+                           ) -> list[Answer | ApiError]:
+        log.warning(exc.message)
+        if retry_after_s is not None:
+            exc.headers = retry_after(retry_after_s)
+        return [exc for _ in calls]
 
     def _degraded(self, tag: str, req: PredictRequest, exc: BaseException) -> Answer:
         reason = f"feature runner unavailable: {_reason(exc)}"
         log.warning(reason)
         return self.stale.degraded(tag, req.node_ids, reason)
+
+
+def _feature_runner_answered(exc: BaseException) -> bool:
+    """The FeatureRunner answered (no failure of its own): a refusal of the input, an update not
+    applied yet, or the model runner behind it down."""
+    return isinstance(exc, (ModelRunnerUnavailable, NotAppliedYet)) or isinstance(exc, ApiError) and exc.status < 500
 
 
 def _reason(exc: BaseException) -> str:

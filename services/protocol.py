@@ -1,4 +1,6 @@
-"""Request and response types of the public API, shared by the HTTP and gRPC front ends."""
+"""Request and response types of the public API, shared by the HTTP and gRPC front ends (the
+graph-update types are the op vocabulary's, ``common.graph_ops``; the error body is
+``common.errors.ErrorBody``)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-MAX_NODE_ID = 2**63 - 1
-NodeId = Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)]
+from common.graph_ops import MAX_NODE_ID, NodeId
+
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 Version = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$")]
 
@@ -115,69 +117,3 @@ class RoutingChange(_Model):
                           "share of predictions ...")
     min_compared: Annotated[StrictInt, Field(ge=0)] | None = Field(
         None, description="... over at least this many compared predictions.")
-
-
-# -- graph updates (POST /graph/updates, gRPC UpdateGraph) -----------------------------------------
-
-Features = Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(min_length=1, max_length=65536)]
-
-
-class AddNode(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    op: Literal["add_node"]
-    id: NodeId = Field(description="The new node's id (the caller's id space, below the configured capacity).")
-    features: Features = Field(description="Its feature vector (the snapshot's width).")
-    label: StrictInt | list[StrictInt] | None = Field(None, description="Its class (or tags), for training.")
-
-
-class SetFeatures(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    op: Literal["set_features"]
-    id: NodeId
-    features: Features
-
-
-class AddEdge(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    op: Literal["add_edge"]
-    src: NodeId
-    dst: NodeId = Field(description="An undirected graph gets the edge in both directions.")
-
-
-class RemoveEdge(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    op: Literal["remove_edge"]
-    src: NodeId
-    dst: NodeId
-
-
-class RemoveNode(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    op: Literal["remove_node"]
-    id: NodeId = Field(description="The node and all its edges go; predicting it answers 404.")
-
-
-GraphOp = Annotated[AddNode | SetFeatures | AddEdge | RemoveEdge | RemoveNode, Field(discriminator="op")]
-
-
-class GraphUpdate(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    ops: list[GraphOp] = Field(min_length=1, description="Validated whole, applied atomically, in order.")
-
-
-class GraphUpdateAck(_Model):
-    accepted: int = Field(description="Ops in the batch, all applied.")
-    sequence: int = Field(description="The batch's place in the update log: pass it as `min_sequence` to read it.")
-
-
-class CompactRequest(_Model):
-    model_config = ConfigDict(extra="forbid")
-
-    upto: Annotated[StrictInt, Field(ge=0, le=MAX_NODE_ID)] | None = Field(None, description="Fold the log up to this sequence "
-                                                                             "(default: all of it).")

@@ -36,6 +36,7 @@ from typing import Any
 from common.breaker import CircuitBreaker
 from common.errors import ApiError, retry_after_seconds
 from common.redis_client import make_client
+from common.settings import AccessSection, RedisSection
 
 log = logging.getLogger(__name__)
 
@@ -249,14 +250,13 @@ class RedisRateLimiter:
 RateLimiter = LocalRateLimiter | RedisRateLimiter
 
 
-def build_rate_limiter(settings: Any, redis_url: str | None = None) -> RateLimiter:
-    """From ``Settings.rate_limit_per_s`` / ``rate_limit_burst``; shared through Redis when a
-    URL is given (default ``Settings.redis_url``), per process otherwise or when unlimited."""
-    rate, burst = settings.rate_limit_per_s, settings.rate_limit_burst
-    url = settings.redis_url if redis_url is None else redis_url
-    if rate <= 0 or not url:
+def build_rate_limiter(access: AccessSection, redis: RedisSection, *, timeout_s: float = 0.05,
+                       retry_backoff_s: float = 1.0) -> RateLimiter:
+    """From ``GSAGE_RATE_LIMIT_PER_S`` / ``GSAGE_RATE_LIMIT_BURST``; shared through Redis when
+    ``GSAGE_REDIS_URL`` is set, per process otherwise or when unlimited. ``timeout_s`` and
+    ``retry_backoff_s``: a Redis call's deadline and the pause after a failure (then per process)."""
+    rate, burst = access.rate_limit_per_s, access.rate_limit_burst
+    if rate <= 0 or not redis.redis_url:
         return LocalRateLimiter(rate, burst)
-    return RedisRateLimiter.from_url(
-        url, rate, burst, timeout_s=settings.l2_timeout_s,
-        retry_backoff_s=settings.l2_retry_backoff_s, ca_file=settings.redis_ca_file,
-    )
+    return RedisRateLimiter.from_url(redis.redis_url, rate, burst, timeout_s=timeout_s,
+                                     retry_backoff_s=retry_backoff_s, ca_file=redis.redis_ca_file)

@@ -90,6 +90,7 @@ from typing import Any
 
 from common.errors import KindOfError
 from common.files import atomic_write_json, file_lock, file_signature
+from common.settings import RoutingSection
 
 log = logging.getLogger(__name__)
 
@@ -342,9 +343,10 @@ class RoutingTable:
         return cls(None, default_version=default_version, **kwargs)
 
     @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> RoutingTable:
-        default = settings.model_tags[0] if settings.model_tags else DEFAULT_VERSION
-        return cls(settings.routing_file or None, default_version=default, **kwargs)
+    def from_settings(cls, routing: RoutingSection, model_tags: Sequence[str], **kwargs: Any) -> RoutingTable:
+        """The table in ``GSAGE_ROUTING_FILE``; by default all traffic to the first of ``model_tags``."""
+        return cls(routing.routing_file or None, default_version=model_tags[0] if model_tags else DEFAULT_VERSION,
+                   poll_interval_s=routing.routing_poll_interval_s, **kwargs)
 
     # -- reads -----------------------------------------------------------------------------------
 

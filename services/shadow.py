@@ -39,12 +39,12 @@ a compared request):
   possibly merged with other requests) and the shadow's call, mean and P99 (the same bins over
   1e-5..100 s).
 
-A mean-aggregator version gets the premean FeatureTensor for calls of at least
-``GSAGE_PREMEAN_MIN_TARGETS`` nodes, and the shadow's calls merge more requests than the
-primary's. So the model runner's answer names the input layout it ran on, and the shadow asks
-the FeatureRunner for that layout (requests of both layouts go in separate calls): a version
-shadowing itself differs by the float32 rounding of another batch shape at most, not by float16
-premean rounding.
+The FeatureRunner chooses a version's input layout by the size of a call, and the shadow's calls
+merge more requests than the primary's. So the model runner's answer names the input layout it
+ran on, and the shadow asks the FeatureRunner for that layout (requests of different layouts go
+in separate calls; the layout is passed on as named, never interpreted here): a version shadowing
+itself differs by the float32 rounding of another batch shape at most, not by another layout's
+rounding.
 
 Figures are per gateway worker; with a stats directory (``stats_path``, beside the routing file
 by default), each worker writes its own file about once per ``flush_interval_s`` (no fsync: they
@@ -78,16 +78,16 @@ import numpy as np
 from common import wire
 from common.breaker import BreakerOpen, CircuitBreaker
 from common.errors import KindOfError
-from common.feature_tensor import PREMEAN
+from common.feature_runner_api import PredictBatch
 from common.remote import failure_reason
+from common.settings import TransportDtype
 from services.answer import MULTILABEL_THRESHOLD, Answer
 from services.protocol import PredictRequest
 
 log = logging.getLogger("graphsage.shadow")
 
-# FeatureRunner.predict, as the prediction core calls it: (node_ids, fanout, seeds, model,
-# embedding, min_sequence) -> the model runner's packed answer.
-PredictCall = Callable[..., Awaitable[bytes]]
+# FeatureRunner.predict, as the prediction core calls it: a batch -> the model runner's answer.
+PredictCall = Callable[[PredictBatch], Awaitable[wire.Packed]]
 PairKey = tuple[str, str]  # (primary tag, shadow tag)
 
 DIFF_EDGES = np.concatenate([[0.0], np.logspace(-7, 0, 141)])  # exact zeros, then 20 bins per decade
@@ -412,7 +412,7 @@ class _Job:
     multilabel: bool
     primary_s: float
     queued_at: float
-    premean: bool | None  # the primary's input layout (None: not said; the FeatureRunner chooses)
+    layout: str | None  # the primary's input layout (None: not said; the FeatureRunner chooses)
 
 
 class ShadowObserver(Protocol):
@@ -427,7 +427,7 @@ class ShadowObserver(Protocol):
 class ShadowCanary:
     def __init__(self, route: Callable[[str], ShadowTarget | None], predict: PredictCall, *,
                  queue_size: int = 1024, max_inflight: int = 1, max_nodes: int = 2048, batch_nodes: int = 1,
-                 linger_s: float = 0.0, timeout_s: float = 2.0,
+                 linger_s: float = 0.0, timeout_s: float = 2.0, transport_dtype: TransportDtype = "float32",
                  breaker: CircuitBreaker | None = None, stats_path: str | None = None,
                  flush_interval_s: float = 1.0, observer: ShadowObserver | None = None,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -444,6 +444,7 @@ class ShadowCanary:
         self.linger_s = linger_s
         self._waiting_nodes = 0
         self.timeout_s = timeout_s
+        self.transport_dtype = transport_dtype
         self.breaker = breaker or CircuitBreaker("shadow", clock=clock)
         self.stats_path = stats_path
         self.flush_interval_s = flush_interval_s
@@ -471,7 +472,7 @@ class ShadowCanary:
             target = self._route(tag)
             if target is None or target.share <= 0:
                 return
-            now, premean = self._clock(), None if layout is None else layout == PREMEAN
+            now = self._clock()
             for req, seed, answer in answered:
                 if answer.degraded or (target.share < 1 and self._rng.random() >= target.share):
                     continue
@@ -480,7 +481,7 @@ class ShadowCanary:
                     continue
                 self._waiting.append(_Job(tag, target.version, list(req.node_ids), seed,
                                           tuple(req.fanout) if req.fanout else None, req.min_sequence or 0,
-                                          answer.probs, answer.multilabel, primary_s, now, premean))
+                                          answer.probs, answer.multilabel, primary_s, now, layout))
                 self._waiting_nodes += len(req.node_ids)
             if self._waiting:
                 self._start_workers()
@@ -543,21 +544,21 @@ class ShadowCanary:
         return jobs
 
     async def _run(self, jobs: list[_Job]) -> None:
-        groups: dict[tuple[str, tuple[int, ...] | None, bool | None], list[_Job]] = {}
+        groups: dict[tuple[str, tuple[int, ...] | None, str | None], list[_Job]] = {}
         for job in jobs:
-            groups.setdefault((job.shadow, job.fanout, job.premean), []).append(job)
-        for (shadow, fanout, premean), group in groups.items():
-            await self._run_group(shadow, fanout, premean, group)
+            groups.setdefault((job.shadow, job.fanout, job.layout), []).append(job)
+        for (shadow, fanout, layout), group in groups.items():
+            await self._run_group(shadow, fanout, layout, group)
 
-    async def _run_group(self, shadow: str, fanout: tuple[int, ...] | None, premean: bool | None,
+    async def _run_group(self, shadow: str, fanout: tuple[int, ...] | None, layout: str | None,
                          group: list[_Job]) -> None:
         started = self._clock()
+        batch = PredictBatch.of([n for j in group for n in j.node_ids], [j.seed for j in group for _ in j.node_ids],
+                                shadow, fanout=fanout, dtype=self.transport_dtype,
+                                min_sequence=max(j.min_sequence for j in group), layout=layout)
         try:
-            packed = await self.breaker.call(
-                self._predict, node_ids=[n for j in group for n in j.node_ids], fanout=list(fanout) if fanout else None,
-                seeds=[j.seed for j in group for _ in j.node_ids], model=shadow, embedding=False,
-                min_sequence=max(j.min_sequence for j in group), premean=premean, timeout_s=self.timeout_s)
-            meta, arrays = wire.unpack(packed)
+            packed = await self.breaker.call(self._predict, batch, timeout_s=self.timeout_s)
+            meta, arrays = packed.unpack()
         except Exception as exc:  # noqa: BLE001 - any failure is the shadow's alone
             # While its breaker is open, the failure that opened it stays the one reported.
             reason = None if isinstance(exc, BreakerOpen) else f"{failure_reason(exc)}: {exc}"[:300]

@@ -139,9 +139,9 @@ def test_from_settings(keys):
     from common.settings import load_settings
 
     path, clear = keys
-    assert not ApiKeyAuth.from_settings(load_settings({})).enabled
+    assert not ApiKeyAuth.from_settings(load_settings({}).access).enabled
     s = load_settings({"GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": path})
-    assert ApiKeyAuth.from_settings(s).authenticate(None, clear["ops"]).name == "ops"
+    assert ApiKeyAuth.from_settings(s.access).authenticate(None, clear["ops"]).name == "ops"
     with pytest.raises(ValueError):
         ApiKeyAuth.from_settings(load_settings({"GSAGE_AUTH_ENABLED": "1"}))
 

@@ -23,10 +23,9 @@ BODIES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["1", "0"], ids=["direct-api", "dispatched-api"])
-def gateway_url(request, demo_store) -> Iterator[str]:
-    app = SplitApp(demo_store.home, {"GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0",
-                                     "GSAGE_DIRECT_API": request.param})
+@pytest.fixture(scope="module")
+def gateway_url(demo_store) -> Iterator[str]:
+    app = SplitApp(demo_store.home, {"GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0"})
     try:
         app.start()
         yield app.gateway.url

@@ -137,7 +137,7 @@ def test_call_exceptions_count_ignored_types_do_not():
     async def scenario() -> None:
         for _ in range(5):
             with pytest.raises(BadInput):
-                await b.call(reject, timeout_s=1.0, ignore=(BadInput,))
+                await b.call(reject, timeout_s=1.0, answered=lambda exc: isinstance(exc, BadInput))
         assert b.state is BreakerState.CLOSED
         for _ in range(2):
             with pytest.raises(ConnectionError):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from runners.feature.cache import OriginLevel, TieredFeatureStore, build_feature_store
+from tests.graphs import feature_store
+from runners.feature.cache import OriginLevel, TieredFeatureStore
 from runners.feature.cache.l1 import (ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, FREQ_WINDOW_PER_SLOT, MAP_BYTES_PER_ID,
                               USES_BYTES_PER_ID, USES_MAX, L1Cache)
 from common.settings import Settings
@@ -209,7 +210,7 @@ def test_tiered_fills_l1_after_the_fetch_returns():
 
 
 def test_build_feature_store_without_redis_has_no_l2():
-    store = build_feature_store(Settings(l1_bytes=1 << 20, l1_ttl_s=5), rows_for(range(10)), "v")
+    store = feature_store(Settings(l1_bytes=1 << 20, l1_ttl_s=5), rows_for(range(10)), "v")
     assert store.l2 is None and store.l1.max_bytes == 1 << 20 and store.l1.ttl_s == 5
 
 
@@ -381,7 +382,7 @@ def test_admission_counts_are_charged_to_the_byte_budget():
 
 def test_feature_store_l1_uses_the_configured_admission():
     feats = np.zeros((100, DIM), np.float32)
-    store = build_feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=2), feats, "graph-snapshot:t")
+    store = feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=2), feats, "graph-snapshot:t")
     assert store.l1.admit_min_uses == 2
-    assert build_feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=0), feats, "graph-snapshot:t") \
+    assert feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=0), feats, "graph-snapshot:t") \
         .l1.admit_min_uses == 0

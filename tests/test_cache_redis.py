@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 
+from tests.graphs import feature_store
 from runners.feature.cache import (
     L1Cache,
     OriginLevel,
     RedisFeatureLevel,
     TieredFeatureStore,
-    build_feature_store,
 )
 from common.settings import Settings
 from harness.redis_servers import RedisServer, free_port
@@ -257,18 +257,18 @@ def test_background_writes_are_bounded(redis_standalone):
 
 def test_build_feature_store_from_settings(redis_standalone, redis_cluster):
     feats = make_features(11)
-    plain = build_feature_store(Settings(), feats, "v1")
+    plain = feature_store(Settings(), feats, "v1")
     assert plain.l2 is None and plain.l1.max_bytes == Settings().l1_bytes
-    standalone = build_feature_store(Settings(redis_url=redis_standalone.url, l2_timeout_s=0.05,
+    standalone = feature_store(Settings(redis_url=redis_standalone.url, l2_timeout_s=0.05,
                                               l2_timeout_per_key_us=5.0), feats, "v1")
     assert standalone.l2 is not None and not standalone.l2.cluster
     # The read deadline scales with the keys read: 50 ms + 5 us per key.
     assert standalone.l2.read_deadline_s(1) == pytest.approx(0.050005)
     assert standalone.l2.read_deadline_s(7000) == pytest.approx(0.085)
-    clustered = build_feature_store(Settings(redis_url=redis_cluster.url), feats, "v1")
+    clustered = feature_store(Settings(redis_url=redis_cluster.url), feats, "v1")
     assert clustered.l2 is not None and clustered.l2.cluster
     with pytest.raises(ValueError):
-        build_feature_store(Settings(redis_url=redis_standalone.url), feats, "bad{tag}")
+        feature_store(Settings(redis_url=redis_standalone.url), feats, "bad{tag}")
 
     async def main():
         rows = await standalone.fetch(np.arange(10))

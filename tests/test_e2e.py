@@ -13,9 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from common import predict_request
-
 from common import wire
+from common.feature_runner_api import PredictBatch, encode_predict
 from common.feature_tensor import LAYOUT, PREMEAN, decode
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from harness.app import SplitApp, answers_under_load, free_port
@@ -183,23 +182,27 @@ def test_model_runner_takes_an_envelope_and_rejects_anything_else(app, env):
 
 def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     """FeatureRunner.predict (the gateway's path) answers what its FeatureTensor (premean: the
-    demo model is a mean model) gives the model runner when sent there by hand, and passes the
-    model runner's 404 through. The answer names the input layout; a caller may ask for one."""
+    demo model is a mean model, whose export recorded both layouts) gives the model runner when
+    sent there by hand, and passes the model runner's refusals through. The answer names the input
+    layout; a caller may ask for one."""
     body = {"node_ids": [3, 9, 3, 3999] * 5, "seed": 77, "dtype": "float16"}  # 20 >= GSAGE_PREMEAN_MIN_TARGETS
     octet = {"content-type": "application/octet-stream", **app.service_headers}
 
-    def chain(model: str, ids: list[int] = body["node_ids"], premean: bool | None = None) -> httpx.Response:
-        return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=predict_request.encode(
-            ids, [77] * len(ids), None, model, False, "float16", premean=premean))
+    def chain(model: str, ids: list[int] = body["node_ids"], layout: str | None = None) -> httpx.Response:
+        batch = PredictBatch.of(ids, 77, model, dtype="float16", layout=layout)
+        return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=encode_predict(batch))
 
-    for ids, premean, layout in ((body["node_ids"], None, PREMEAN), (body["node_ids"], False, LAYOUT),
-                                 ([3, 9], None, LAYOUT), ([3, 9], True, PREMEAN)):
-        answered = chain(env["v1"], ids, premean)
-        assert answered.status_code == 200 and wire.unpack(answered.content)[0]["layout"] == layout, (ids, premean)
+    for ids, asked, layout in ((body["node_ids"], None, PREMEAN), (body["node_ids"], LAYOUT, LAYOUT),
+                               ([3, 9], None, LAYOUT), ([3, 9], PREMEAN, PREMEAN)):
+        answered = chain(env["v1"], ids, asked)
+        assert answered.status_code == 200 and wire.unpack(answered.content)[0]["layout"] == layout, (ids, asked)
+    # The pool version's export records the level layout only: asked for premean, it gets levels.
+    pooled = chain(env["v2"], body["node_ids"], PREMEAN)
+    assert pooled.status_code == 200 and wire.unpack(pooled.content)[0]["layout"] == LAYOUT
 
     chained = chain(env["v1"])
     assert chained.status_code == 200, chained.text
-    tensor = httpx.post(app.feature.url + "/features", json={**body, "premean": True}, timeout=10,
+    tensor = httpx.post(app.feature.url + "/features", json={**body, "layout": PREMEAN}, timeout=10,
                         headers=app.service_headers)
     assert tensor.status_code == 200, tensor.text
     full = httpx.post(app.feature.url + "/features", json=body, timeout=10, headers=app.service_headers)
@@ -213,37 +216,67 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     unknown = chain("graphsage:nosuchversion")
-    assert unknown.status_code == 404 and "nosuchversion" in unknown.text, unknown.text
+    assert unknown.status_code == 404 and unknown.json()["type"] == "unknown_version", unknown.text
     for bad in (b"", b"GSE1junk", wire.envelope({"model": env["v1"], "embedding": False}, wire.pack({"x": np.zeros(1)}))):
         r = httpx.post(app.feature.url + "/predict", headers=octet, content=bad, timeout=10)
         assert r.status_code == 400 and "bad predict request" in r.text, (bad, r.text)
 
 
-def test_direct_api_and_bentoml_dispatch_answer_errors_alike(app, env):
-    """The FeatureRunner's /predict is answered by common.bento.direct_api, its /features by BentoML's
-    own dispatch: a client error looks the same from both, to BentoML's client and to curl."""
-    direct = httpx.post(app.feature.url + "/predict", content=b"GSE1junk", timeout=10,
-                        headers={"content-type": "application/octet-stream", **app.service_headers})
-    dispatched = httpx.post(app.feature.url + "/features", json={"node_ids": [-1]}, timeout=10,
-                            headers=app.service_headers)
-    for r in (direct, dispatched):
-        assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
-        assert sorted(r.json()) == ["error", "status"] and r.json()["status"] == 400, r.text
+def _error_body_schema(doc: dict) -> dict:
+    """The declared error model, with the document's components to resolve against."""
+    return {**doc["components"]["schemas"]["ErrorBody"], "$defs": doc["components"]["schemas"]}
+
+
+def _assert_error_model(r: httpx.Response, schema: dict, declared: dict | None = None) -> dict:
+    """``r`` is an error answer in the declared error model, of a status its route declares."""
+    import jsonschema
+
+    assert r.headers["content-type"] == "application/json", r.text
+    body = r.json()
+    jsonschema.validate(body, schema)
+    assert body["status"] == r.status_code, body
+    if declared is not None:
+        assert str(r.status_code) in declared["responses"], (r.request.url, r.status_code, sorted(declared["responses"]))
+        ref = declared["responses"][str(r.status_code)]["content"]["application/json"]["schema"]
+        assert ref == {"$ref": "#/components/schemas/ErrorBody"}, ref
+    return body
+
+
+def test_every_runner_error_is_the_declared_error_model(app, env):
+    """Each runner documents its endpoints (``GET /docs.json``, behind the token) and answers every
+    error of them, and of unknown routes, as ErrorBody."""
+    cases = {
+        "GraphSAGERunner": [("/infer", b"GSE1junk", "application/octet-stream"), ("/load", b'{"tag": ""}', None),
+                            ("/load", b'{"tag": "graphsage:none"}', None), ("/models", b'{"x": 1}', None),
+                            ("/infer", b"{}", None), ("/no-such-route", b"{}", None)],
+        "FeatureRunner": [("/predict", b"GSE1junk", "application/octet-stream"), ("/features", b'{"node_ids": [-1]}', None),
+                          ("/features", b'{"node_ids": [1], "seed": "x"}', None),
+                          ("/graph_update", b'{"ops": [{"op": "add_edge", "src": 1, "dst": 999999}]}', None),
+                          ("/graph_compact", b'{"upto": 999999999}', None), ("/info", b"[1]", None)],
+    }
+    for service, url in (("GraphSAGERunner", app.model.url), ("FeatureRunner", app.feature.url)):
+        doc = httpx.get(url + "/docs.json", headers=app.service_headers, timeout=10).json()
+        schema = _error_body_schema(doc)
+        for path, content, media_type in cases[service]:
+            r = httpx.post(url + path, content=content, timeout=10,
+                           headers={"content-type": media_type or "application/json", **app.service_headers})
+            assert r.status_code >= 400, (service, path, r.text)
+            _assert_error_model(r, schema, doc["paths"].get(path, {}).get("post"))
+        r = httpx.post(url + "/load", json={}, timeout=10)  # no token
+        assert r.status_code == 401 and _assert_error_model(r, schema)["type"] == "unauthenticated"
 
 
 @pytest.fixture(scope="module")
-def direct_and_dispatched(app, env):
-    """Two more gateways on the same runners: the direct API on and off (BentoML's own dispatch),
-    with a rate limit whose burst only the contract test spends."""
-    limits = {"GSAGE_RATE_LIMIT_PER_S": "0.01", "GSAGE_RATE_LIMIT_BURST": "40", "GSAGE_GRPC_PORT": "0"}
-    started = []
+def second_gateway(app, env):
+    """Another gateway on the same runners, with a rate limit whose burst only the contract test
+    spends, and a breaker reset (3 s) that no other Retry-After here has."""
+    limits = {"GSAGE_RATE_LIMIT_PER_S": "0.01", "GSAGE_RATE_LIMIT_BURST": "40", "GSAGE_GRPC_PORT": "0",
+              "GSAGE_BREAKER_RESET_S": "3"}
+    gw = app.gateway_for({**app.env, **limits}).start()
     try:
-        for direct in ("1", "0"):
-            started.append(app.gateway_for({**app.env, **limits, "GSAGE_DIRECT_API": direct}).start())
-        yield started
+        yield gw
     finally:
-        for gw in started:
-            gw.stop()
+        gw.stop()
 
 
 def _answer(r: httpx.Response) -> tuple[int, dict, object]:
@@ -261,66 +294,89 @@ CONTRACT_CASES = {
     "no scope": ({"node_ids": [1]}, "noscope", "application/json"),
     "unknown version": ({"node_ids": [1], "version": "doesnotexist"}, "predict", "application/json"),
     "unknown model": ({"node_ids": [1], "model": "nope"}, "predict", "application/json"),
+    "unknown node": ({"node_ids": [5000]}, "predict", "application/json"),
     "too many ids": ({"node_ids": list(range(2000))}, "predict", "application/json"),
     "body too large": (b"{" + b" " * (2 << 20) + b"}", "predict", "application/json"),
     "media type": (b"node_ids=1", "predict", "text/plain"),
 }
 
 
-def _send(gw, env, body, key, media_type) -> httpx.Response:
-    headers = {"content-type": media_type}
+def _send(gw, env, body, key, media_type, path: str = "/predict", method: str = "POST",
+          headers: dict | None = None) -> httpx.Response:
+    headers = {"content-type": media_type, **(headers or {})}
     if key is not None:
         headers["Authorization"] = f"Bearer {env['keys'].get(key, key)}"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(gw.url + "/predict", content=content, headers=headers, timeout=30)
+    return httpx.request(method, gw.url + path, content=content if method == "POST" else None, headers=headers,
+                         timeout=30)
 
 
-def test_the_direct_api_and_bentomls_dispatch_answer_every_error_alike(direct_and_dispatched, env):
-    """The contract: status, headers and body equal whichever path answered, for each kind of error."""
-    direct, dispatched = direct_and_dispatched
+def test_every_error_answer_of_every_public_route_is_the_declared_error_model(second_gateway, env):
+    """The contract, for each kind of error of each public route: the body validates against
+    ``ErrorBody`` as ``/docs.json`` declares it, and the route declares that status."""
+    gw = second_gateway
+    doc = httpx.get(gw.url + "/docs.json", timeout=10).json()
+    schema = _error_body_schema(doc)
     seen = {}
     for name, (body, key, media_type) in CONTRACT_CASES.items():
-        a, b = _answer(_send(direct, env, body, key, media_type)), _answer(_send(dispatched, env, body, key, media_type))
-        assert a == b, (name, a, b)
-        assert a[2] == {"error": a[2]["error"], "status": a[0]}, (name, a)
-        seen[name] = a
+        r = _send(gw, env, body, key, media_type)
+        seen[name] = _answer(r)
+        _assert_error_model(r, schema, doc["paths"]["/predict"]["post"])
     assert {name: a[0] for name, a in seen.items()} == {
         "validation": 400, "validation, two fields": 400, "unknown field": 400, "no key": 401, "wrong key": 401,
-        "no scope": 403, "unknown version": 404, "unknown model": 404, "too many ids": 413, "body too large": 413,
-        "media type": 415}
-    # A 400 names the field and the reason, as the gRPC answer does.
+        "no scope": 403, "unknown version": 404, "unknown model": 404, "unknown node": 404, "too many ids": 413,
+        "body too large": 413, "media type": 415}
+    # A 400 names the field and the reason, as the gRPC answer does, and says which field.
     assert seen["validation"][2]["error"] == "invalid request: node_ids.0: Input should be greater than or equal to 0"
+    assert seen["validation"][2]["param"] == "node_ids.0" and seen["validation"][2]["type"] == "invalid_request"
     assert "fanout.0" in seen["validation, two fields"][2]["error"] and "seed" in seen["validation, two fields"][2]["error"]
     assert seen["no key"][1]["www-authenticate"] == "Bearer"
-    # 429: the same key spends its burst on each gateway; the answers agree, Retry-After included.
-    limited = []
-    for gw in (direct, dispatched):
-        for _ in range(41):
-            r = _send(gw, env, {"node_ids": [1]}, "admin", "application/json")
-            if r.status_code == 429:
-                limited.append(_answer(r))
-                break
-    assert len(limited) == 2, limited
-    (status_a, headers_a, body_a), (status_b, headers_b, body_b) = limited
-    # Retry-After counts down with the bucket: the second gateway's burst ran out a moment later.
-    assert (status_a, set(headers_a), body_a) == (status_b, set(headers_b), body_b), limited
-    assert abs(int(headers_a["retry-after"]) - int(headers_b["retry-after"])) <= 2 and int(headers_a["retry-after"]) >= 1
+    assert seen["unknown version"][2]["type"] == "unknown_version"  # the model runner's kind, through two hops
+    others = [  # (path, method, body, key, extra headers, status)
+        ("/graph/updates", "POST", {"ops": [{"op": "add_edge", "src": 1, "dst": 999999}]}, "admin", {}, 403),
+        ("/graph/updates", "POST", {"ops": "x"}, None, {}, 401),
+        ("/admin/routing", "POST", {"action": "promote"}, "admin", {}, 400),
+        ("/admin/routing", "POST", {"action": "nonsense"}, "admin", {}, 400),
+        ("/admin/routing", "POST", {"action": "rollback", "model": "nope"}, "admin", {}, 404),
+        ("/admin/graph/compact", "POST", {"upto": -1}, "admin", {}, 400),
+        ("/admin/graph/compact", "POST", {}, "predict", {}, 403),
+        ("/admin/shadow", "GET", {}, "predict", {}, 403),
+        ("/models", "GET", {}, None, {}, 401),
+        ("/graph/status", "GET", {}, None, {}, 401),
+        ("/predict", "POST", {"node_ids": [1]}, "predict", {"Accept": "text/html"}, 406),
+    ]
+    for path, method, body, key, extra, status in others:
+        r = _send(gw, env, body, key, "application/json", path, method, extra)
+        assert r.status_code == status, (path, r.status_code, r.text)
+        _assert_error_model(r, schema, doc["paths"][path][method.lower()])
+    for path, method in (("/no-such-route", "GET"), ("/predict", "GET")):  # BentoML's own 404 and 405
+        r = _send(gw, env, {}, "predict", "application/json", path, method)
+        assert r.status_code in (404, 405) and _assert_error_model(r, schema)["type"] in ("not_found", "method_not_allowed")
+    dup = httpx.post(gw.url + "/predict", content=b'{"node_ids": [1]}', timeout=10,
+                     headers=[("content-type", "application/json"), ("content-type", "application/json")])
+    assert dup.status_code == 400 and _assert_error_model(dup, schema)["param"] == "Content-Type"
+    # 429 with Retry-After, in the same shape.
+    for _ in range(41):
+        r = _send(gw, env, {"node_ids": [1]}, "admin", "application/json")
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+    assert _assert_error_model(r, schema, doc["paths"]["/predict"]["post"])["type"] == "rate_limited"
 
 
-def test_a_503_keeps_its_reason_and_retry_after_over_http(app, env, direct_and_dispatched):
-    """The model runner down: the first answers say why (the FeatureRunner's words), then the open
-    breaker answers at once with its own Retry-After; the direct API and the dispatch alike."""
+def test_a_503_keeps_its_reason_and_retry_after_over_http(app, env, second_gateway):
+    """The model runner down: the first answers are the FeatureRunner's (its kind, its words, its
+    Retry-After of 1 s), then the gateway's open breaker answers at once with its own Retry-After:
+    GSAGE_BREAKER_RESET_S=3 here, so the two are told apart."""
     app.model.kill()
     try:
-        for gw in direct_and_dispatched:
-            first = _answer(_send(gw, env, {"node_ids": [7]}, "predict", "application/json"))
-            assert first[0] == 503 and first[2]["error"].startswith("model runner unavailable: "), first
-            assert first[2]["error"] != "An unexpected error has occurred, please check the server log."
-            assert first[1]["retry-after"] == "1"
-            for _ in range(5):  # GSAGE_BREAKER_FAILURES=3: the breaker opens
-                last = _answer(_send(gw, env, {"node_ids": [7]}, "predict", "application/json"))
-            assert last[0] == 503 and last[2]["error"] == "model runner unavailable: circuit open", last
-            assert 1 <= int(last[1]["retry-after"]) <= 1  # GSAGE_BREAKER_RESET_S=1, rounded up
+        first = _answer(_send(second_gateway, env, {"node_ids": [7]}, "predict", "application/json"))
+        assert first[0] == 503 and first[2]["error"].startswith("model runner unavailable: "), first
+        assert first[2]["type"] == "model_runner_unavailable" and first[1]["retry-after"] == "1", first
+        for _ in range(5):  # GSAGE_BREAKER_FAILURES=3: the breaker opens
+            last = _answer(_send(second_gateway, env, {"node_ids": [7]}, "predict", "application/json"))
+        assert last[0] == 503 and last[2]["error"] == "model runner unavailable: circuit open", last
+        assert last[2]["type"] == "model_runner_unavailable" and last[1]["retry-after"] == "3", last
     finally:
         app.model.start()
 

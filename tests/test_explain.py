@@ -22,8 +22,7 @@ from common import wire
 from common.breaker import CircuitBreaker
 from common.feature_tensor import FeatureTensor, to_padded
 from common.settings import Settings
-from runners.feature.cache.tiered import build_feature_store
-from common.predict_request import ExplainTooLarge, check_explain_size
+from common.feature_runner_api import ExplainTooLarge, check_explain_size
 from runners.feature.explain import PAD, explain, neighbourhood, with_variants
 from runners.feature.neighbourhood import NeighbourhoodBuilder
 from runners.feature.sampling import sample_tree
@@ -33,7 +32,7 @@ from runners.graphsage.model_config import ModelConfig
 from services.answer import Answer, from_wire
 from services.prediction import PredictionCore
 from services.protocol import PredictRequest, PredictResponse
-from tests.graphs import small_graph
+from tests.graphs import feature_store, small_graph
 from tests.virtual_time import run
 from training_export.export import export_onnx, to_dense
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
@@ -46,7 +45,7 @@ TOL = 1e-4  # ONNX Runtime against PyG (training_export.export.PARITY_TOLERANCE)
 
 def tensor_of(graph: GraphSnapshot, ids: list[int], fanout: tuple[int, ...] = FANOUT, seed: int = SEED) -> FeatureTensor:
     """The FeatureRunner's tensor for one request (float32 rows: PyG sees the same numbers)."""
-    store = build_feature_store(Settings(), graph.features, "graph-snapshot:test")
+    store = feature_store(Settings(), graph.features, "graph-snapshot:test")
     builder = NeighbourhoodBuilder(graph, store, FANOUT, max_nodes=64)
     return asyncio.run(builder.build([builder.validate(ids, list(fanout), seed)]))[0]
 
@@ -229,11 +228,11 @@ def test_http_and_grpc_render_one_explanation():
 def test_an_explained_request_is_never_merged():
     calls: list[tuple[int, bool]] = []
 
-    async def predict(node_ids, fanout=None, seeds=None, model="m", embedding=False, min_sequence=0, explain=False):
+    async def predict(batch):
         await asyncio.sleep(0.01)
-        calls.append((len(node_ids), explain))
-        probs = np.full((len(node_ids), 2), 0.5, np.float32)
-        return wire.pack({"probs": probs}, {"model": model, "task": "multiclass"})
+        calls.append((batch.node_ids.size, batch.explain))
+        probs = np.full((batch.node_ids.size, 2), 0.5, np.float32)
+        return wire.Packed.of({"probs": probs}, {"model": batch.model, "task": "multiclass"})
 
     class OneRoute:
         def choose(self, model, version, routing_key):

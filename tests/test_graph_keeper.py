@@ -9,9 +9,9 @@ import copy
 import numpy as np
 import pytest
 
-from runners.feature import live, update_log
+from runners.feature import update_log
 from runners.feature.graph import BatchRejected, LiveGraph
-from runners.feature.live import GraphKeeper, NeverIssued, NotApplied, Observer, TooManyOps, compact, replay
+from runners.feature.live import GraphKeeper, NeverIssued, NotAppliedYet, Observer, TooManyOps, compact, replay
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import load_snapshot, save_snapshot
 from runners.feature.update_log import FileUpdateLog
@@ -95,7 +95,7 @@ def test_read_your_writes_waits_for_the_sequence_and_refuses_after_the_wait(tmp_
             await reader.wait_for(99, 0.05)
         async with reader._applying:  # the reader busy elsewhere: the entry is issued, not applied
             second = await writer.submit([add_node(501, 1.0)])
-            with pytest.raises(NotApplied, match=f"graph update {second.sequence} is not applied here yet"):
+            with pytest.raises(NotAppliedYet, match=f"graph update {second.sequence} is not applied here yet"):
                 await reader.wait_for(second.sequence, 0.05)
         await writer.close()
         await reader.close()
@@ -212,8 +212,7 @@ def set_features(v: int, x: float) -> dict:
 
 def test_the_lag_in_seconds_is_the_age_of_the_oldest_entry_read_and_not_applied(tmp_path, monkeypatch):
     clock = FakeClock(1000.0)
-    monkeypatch.setattr(update_log, "wall_clock", clock)  # acked_at, and the keepers' default clock
-    monkeypatch.setattr(live, "READ_BATCH", 2)  # three entries: two reads, the lag reported as each begins
+    monkeypatch.setattr(update_log.base, "wall_clock", clock)  # acked_at, and the keepers' default clock
 
     async def main():
         writer = keeper(tmp_path)
@@ -222,7 +221,8 @@ def test_the_lag_in_seconds_is_the_age_of_the_oldest_entry_read_and_not_applied(
             await writer.submit([set_features(i, float(i))])
         clock.now = 1010.0
         reported: list[float] = []
-        reader = keeper(tmp_path, observer=Observer(lag_seconds=reported.append))  # not started: no tail
+        # Not started: no tail. Three entries read two at a time: the lag reported as each read begins.
+        reader = keeper(tmp_path, observer=Observer(lag_seconds=reported.append), read_batch=2)
         assert reader.lag_seconds() == 0.0  # nothing read yet
         seen = []
         reader._on_rows_changed = lambda ids: seen.append(reader.status()["lag_seconds"])

@@ -1,4 +1,5 @@
-"""The gateway's gRPC front end (services.grpc_server) against a fake gateway: no BentoML server.
+"""The gateway's gRPC front end (services.grpc_server) against a fake of the gateway's core, and
+against the real core over fake runners: no BentoML service is constructed.
 
 The aio server runs on its own event loop in a background thread; the tests call it with the
 blocking grpc client (as services.grpc_client does).
@@ -23,21 +24,22 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from common.errors import ApiError
 from common.settings import load_settings, settings
 from services import grpc_codegen, ratelimit
-from services.access import gateway_access
+from services.access import GatewayAccess
+from services.auth import ApiKeyAuth
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from services.grpc_server import SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for
 from services.protocol import NodePrediction, PredictRequest, PredictResponse
 
-ERROR_BASE = 9_000_000  # node id ERROR_BASE + s: the fake gateway raises ApiError(s)
+ERROR_BASE = 9_000_000  # node id ERROR_BASE + s: the fake core raises ApiError(s)
 
 
-class FakeGateway:
-    """``run_predict`` computes a fixed-shape answer from the request (and records it)."""
+class FakeCore:
+    """``predict`` computes a fixed-shape answer from the request (and records it)."""
 
     def __init__(self) -> None:
         self.requests: list[PredictRequest] = []
 
-    async def run_predict(self, req: PredictRequest) -> PredictResponse:
+    async def predict(self, req: PredictRequest) -> PredictResponse:
         self.requests.append(req)
         for node in req.node_ids:
             if ERROR_BASE <= node < ERROR_BASE + 1000:
@@ -57,18 +59,28 @@ class FakeGateway:
                 embedding=[float(n), -1.5] if req.embedding else None))
         return PredictResponse(model=f"{req.model}:{req.version or 'v1'}", precision="int8", predictions=preds)
 
-    async def describe_models(self) -> dict[str, Any]:
+    async def models(self) -> dict[str, Any]:
         return {"routing": {"default_model": "graphsage", "models": {}},
                 "model_runner": {"loaded": [{"tag": "graphsage:v1"}, {"tag": "graphsage:v2"}]},
                 "feature_runner": {"error": "unavailable: ConnectError"}}
 
 
+def access_from_settings() -> GatewayAccess:
+    """What the gateway builds from its settings: the key file's auth, the configured rate limit."""
+    cfg = load_settings()
+    return GatewayAccess(lambda: (ApiKeyAuth.from_settings(cfg.access), ratelimit.build_rate_limiter(cfg.access,
+                                                                                                    cfg.redis)))
+
+
 class ServerThread:
-    def __init__(self, gateway: Any, **kw: Any) -> None:
+    def __init__(self, core: Any, **kw: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = self.call(start_grpc_server(gateway, kw.pop("port", 0), **kw))
+        limits = {"host": "127.0.0.1", "max_receive_bytes": load_settings().max_body_bytes,
+                  "max_concurrent_rpcs": 64, **kw}
+        port = limits.pop("port", 0)
+        self.server = self.call(start_grpc_server(core, access_from_settings(), port, **limits))
         self.port = self.server.bound_port if self.server is not None else None
         self.target = f"127.0.0.1:{self.port}"
 
@@ -89,20 +101,17 @@ def env(monkeypatch):
     for name in ("GSAGE_AUTH_ENABLED", "GSAGE_API_KEYS_FILE", "GSAGE_RATE_LIMIT_PER_S", "GSAGE_RATE_LIMIT_BURST"):
         monkeypatch.delenv(name, raising=False)
     settings.cache_clear()
-    gateway_access.cache_clear()
     yield monkeypatch
     settings.cache_clear()
-    gateway_access.cache_clear()
 
 
 @pytest.fixture
 def serve(env):
     started: list[ServerThread] = []
 
-    def start(gateway: Any = None, **kw: Any) -> ServerThread:
+    def start(core: Any = None, **kw: Any) -> ServerThread:
         settings.cache_clear()
-        gateway_access.cache_clear()
-        st = ServerThread(gateway or FakeGateway(), **kw)
+        st = ServerThread(core or FakeCore(), **kw)
         started.append(st)
         return st
 
@@ -135,7 +144,7 @@ def rpc_error(fn: Any, *args: Any, **kw: Any) -> grpc.RpcError:
 
 
 def test_predict_round_trip_field_by_field(serve, channel_to):
-    gw = FakeGateway()
+    gw = FakeCore()
     st = serve(gw)
     stub = pb_grpc.GraphSAGEStub(channel_to(st))
     reply = stub.Predict(pb.PredictRequest(node_ids=[3, 4, 3], embedding=True), timeout=5)
@@ -154,7 +163,7 @@ def test_predict_round_trip_field_by_field(serve, channel_to):
 
 
 def test_optional_fields_absent_vs_present(serve, channel_to):
-    gw = FakeGateway()
+    gw = FakeCore()
     st = serve(gw)
     stub = pb_grpc.GraphSAGEStub(channel_to(st))
     stub.Predict(pb.PredictRequest(node_ids=[1]), timeout=5)
@@ -188,12 +197,12 @@ def test_optional_fields_absent_vs_present(serve, channel_to):
     ({"node_ids": [1], "fanout": [0]}, "fanout"),
 ])
 def test_invalid_fields_are_invalid_argument(serve, channel_to, request_kw, fragment):
-    gw = FakeGateway()
+    gw = FakeCore()
     st = serve(gw)
     err = rpc_error(pb_grpc.GraphSAGEStub(channel_to(st)).Predict, pb.PredictRequest(**request_kw))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details().startswith("invalid request: ") and fragment in err.details()
-    assert gw.requests == []  # never reached the gateway
+    assert gw.requests == []  # never reached the core
 
 
 @pytest.mark.parametrize("status, code", [
@@ -221,8 +230,8 @@ def test_api_error_mapping(serve, channel_to, status, code):
 
 
 def test_unexpected_exception_is_internal_without_details(serve, channel_to):
-    class Broken(FakeGateway):
-        async def run_predict(self, req):
+    class Broken(FakeCore):
+        async def predict(self, req):
             raise KeyError("secret internals")
 
     st = serve(Broken())
@@ -248,7 +257,7 @@ def test_malformed_bytes_are_invalid_argument(serve, channel_to):
 
 
 def test_oversized_message_rejected_by_grpc(serve, channel_to):
-    gw = FakeGateway()
+    gw = FakeCore()
     st = serve(gw)
     raw = channel_to(st).unary_unary(f"/{SERVICE_NAME}/Predict", request_serializer=None, response_deserializer=None)
     limit = load_settings({}).max_body_bytes
@@ -395,3 +404,77 @@ def test_codegen_writes_relative_imports(tmp_path, monkeypatch):
 def test_grpc_server_does_not_import_torch():
     code = "import sys, services.grpc_server, services.grpc_client; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- the real core over fake runners ---------------------------------------------------------------
+
+
+class FakeFeaturePipeline:
+    """The FeatureRunner's endpoints as its core answers them (``common.feature_runner_api``)."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict] = []
+
+    async def predict(self, batch):
+        import numpy as np
+
+        from common import wire
+        from common.feature_runner_api import NotAppliedYet
+
+        if batch.min_sequence > len(self.ops):
+            raise NotAppliedYet(f"graph update {batch.min_sequence} is not applied here yet")
+        probs = np.stack([np.full(batch.node_ids.size, 0.25), np.full(batch.node_ids.size, 0.75)], 1)
+        return wire.Packed.of({"probs": probs.astype(np.float32)}, {"model": batch.model, "precision": "fp32",
+                                                                     "task": "multiclass"})
+
+    async def graph_update(self, ops):
+        from common.graph_ops import GraphUpdateAck
+
+        self.ops.extend(ops)
+        return GraphUpdateAck(accepted=len(ops), sequence=len(self.ops))
+
+    async def info(self):
+        return {"graph_snapshot": "graph-snapshot:test"}
+
+
+def real_core():
+    """``services.core.GatewayCore`` as the gateway assembles it, its runners in this process."""
+    from common.breaker import CircuitBreaker
+    from common.feature_runner_api import FeatureRunnerApi
+    from common.model_runner_api import ModelRunnerApi
+    from common.remote import LocalTransport
+    from services.admin import Admin
+    from services.core import GatewayCore
+    from services.graph_updates import GraphUpdates
+    from services.prediction import PredictionCore
+    from services.routing import RoutingTable
+    from services.shadow import ShadowCanary
+
+    feature = FeatureRunnerApi(LocalTransport("FeatureRunner", FakeFeaturePipeline()))
+    model = ModelRunnerApi(LocalTransport("GraphSAGERunner", object()))
+    routing = RoutingTable.in_memory("graphsage:v1")
+    prediction = PredictionCore(routing, feature.predict, CircuitBreaker("f"), CircuitBreaker("m"), timeout_s=5.0)
+    admin = Admin(routing, ShadowCanary(routing.shadow_for, feature.predict), feature, model,
+                  compaction_timeout_s=5.0, describe_timeout_s=5.0)
+    return GatewayCore(prediction, GraphUpdates(feature, 5.0, 5.0), admin, max_nodes_per_request=8,
+                       explain_max_nodes=2)
+
+
+def test_grpc_over_the_real_core(serve, channel_to):
+    st = serve(real_core())
+    stub = pb_grpc.GraphSAGEStub(channel_to(st))
+    answer = stub.Predict(pb.PredictRequest(node_ids=[3, 4], seed=1), timeout=5)
+    assert answer.model == "graphsage:v1" and [p.label for p in answer.predictions] == [1, 1]
+    err = rpc_error(stub.Predict, pb.PredictRequest(node_ids=list(range(9))))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "GSAGE_MAX_NODES_PER_REQUEST" in err.details()
+    assert dict(err.trailing_metadata())["error-param"] == "node_ids"
+    # Read-your-writes through the core: the fake runner's refusal, as it raised it.
+    err = rpc_error(stub.Predict, pb.PredictRequest(node_ids=[3], min_sequence=1))
+    trailers = dict(err.trailing_metadata())
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and trailers["error-type"] == "not_applied_yet"
+    assert trailers["retry-after"] == "1"
+    ack = stub.UpdateGraph(pb.UpdateGraphRequest(ops=[pb.GraphOp(add_edge=pb.Edge(src=1, dst=2))]), timeout=5)
+    assert (ack.accepted, ack.sequence) == (1, 1)
+    assert stub.Predict(pb.PredictRequest(node_ids=[3], min_sequence=1), timeout=5).predictions[0].label == 1
+    err = rpc_error(stub.UpdateGraph, pb.UpdateGraphRequest(ops=[pb.GraphOp()]))  # an op of no kind
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and dict(err.trailing_metadata())["error-param"] == "ops.0.op"

@@ -7,24 +7,24 @@ import json
 
 import pytest
 
+from common.errors import ApiError, ErrorBody, send_error
+from services.access import GatewayAccess
 from services.auth import SCOPES, ApiKeyAuth, KeyEntry, generate_key, hash_key
-from services.ratelimit import LocalRateLimiter
 from services.http_guard import HttpGuard
+from services.ratelimit import LocalRateLimiter
 
 KEY, OTHER = generate_key(), generate_key()
 PICKLE = "application/vnd.bentoml+pickle"
 
 
-def call(headers, path="/predict", method="POST", body=b'{"node_ids": [1]}'):
-    """(status, error message or None, the headers the app was handed or None)."""
-    seen = []
+async def ok(scope, receive, send):
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
 
-    async def app(scope, receive, send):
-        seen.append(scope["headers"])
-        await receive()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
 
+def run(app, headers, path="/predict", method="POST", body=b'{"node_ids": [1]}'):
+    """The guard over ``app``: (the answer's start message, its body)."""
     sent = []
 
     async def receive():
@@ -33,13 +33,24 @@ def call(headers, path="/predict", method="POST", body=b'{"node_ids": [1]}'):
     async def send(message):
         sent.append(message)
 
-    guard = HttpGuard(app, auth=ApiKeyAuth([KeyEntry("k", hash_key(KEY), SCOPES)]),
-                      limiter=LocalRateLimiter(0, 1), max_body_bytes=1 << 20)
+    access = GatewayAccess.of(ApiKeyAuth([KeyEntry("k", hash_key(KEY), SCOPES)]), LocalRateLimiter(0, 1))
     scope = {"type": "http", "method": method, "path": path,
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
-    asyncio.run(guard(scope, receive, send))
+    asyncio.run(HttpGuard(app, access, max_body_bytes=1 << 20)(scope, receive, send))
     start, out = sent
-    error = json.loads(out["body"]).get("error") if start["status"] != 200 else None
+    return start, out["body"]
+
+
+def call(headers, path="/predict", method="POST", body=b'{"node_ids": [1]}'):
+    """(status, error message or None, the headers the app was handed or None)."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["headers"])
+        await ok(scope, receive, send)
+
+    start, out = run(app, headers, path, method, body)
+    error = json.loads(out).get("error") if start["status"] != 200 else None
     return start["status"], error, seen[0] if seen else None
 
 
@@ -69,3 +80,30 @@ def test_encoded_bodies_and_accepts_without_json_are_refused():
     assert call([JSON_TYPE, ("Content-Encoding", "gzip"), ("X-API-Key", KEY)])[0] == 415
     assert call([JSON_TYPE, ("Accept", "application/octet-stream"), ("X-API-Key", KEY)])[0] == 406
     assert call([JSON_TYPE, ("Accept", "application/json, */*;q=0.1"), ("X-API-Key", KEY)])[0] == 200
+
+
+def test_the_projects_errors_pass_untouched_and_bentomls_own_get_the_one_shape():
+    """A 503 raised here keeps its own Retry-After, type and message; a 503 BentoML writes itself
+    (no mark) becomes an ErrorBody with a Retry-After of 1; a plain-text 404 likewise."""
+    own = ApiError.unavailable("model runner unavailable: circuit open", 2.5, type="model_runner_unavailable")
+
+    async def raising(scope, receive, send):
+        await send_error(send, own)
+
+    def foreign(status, body, content_type=b"text/plain"):
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+            await send({"type": "http.response.body", "body": body})
+        return app
+
+    start, body = run(raising, [JSON_TYPE, ("X-API-Key", KEY)])
+    assert (start["status"], dict(start["headers"])[b"retry-after"]) == (503, b"3")
+    assert ErrorBody.model_validate_json(body) == own.to_body()
+    for app, status, message, kind in ((foreign(503, b"Service Busy"), 503, "Service Busy", "unavailable"),
+                                       (foreign(404, b"Not Found"), 404, "Not Found", "not_found"),
+                                       (foreign(400, b'{"error": "bad thing"}', b"application/json"), 400, "bad thing",
+                                        "invalid_request")):
+        start, body = run(app, [JSON_TYPE, ("X-API-Key", KEY)])
+        doc = ErrorBody.model_validate_json(body)
+        assert (start["status"], doc.status, doc.error, doc.type) == (status, status, message, kind)
+        assert (dict(start["headers"]).get(b"retry-after") == b"1") == (status == 503)

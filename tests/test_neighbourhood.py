@@ -11,13 +11,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from runners.feature.cache.tiered import build_feature_store
 from common.settings import Settings
 from common.feature_tensor import PREMEAN, FeatureTensor, decode, encode, to_padded
 from runners.feature.tree_layout import premean
 from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.feature.sampling import PAD, sample_tree
-from tests.graphs import small_graph
+from tests.graphs import feature_store, small_graph
 
 MAX_FANOUT = (25, 10)
 MAX_NODES = 64
@@ -29,7 +28,7 @@ def graph():
 
 
 def make_builder(graph, scan_min_targets: int = 0, **settings) -> NeighbourhoodBuilder:
-    store = build_feature_store(Settings(**settings), graph.features, "graph-snapshot:test")
+    store = feature_store(Settings(**settings), graph.features, "graph-snapshot:test")
     return NeighbourhoodBuilder(graph, store, MAX_FANOUT, max_nodes=MAX_NODES, scan_min_targets=scan_min_targets)
 
 

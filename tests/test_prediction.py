@@ -1,6 +1,7 @@
 """The gateway's prediction core without BentoML: coalescing, isolation of bad requests, degraded
-answers and 503s, against a fake FeatureRunner.predict (which, like the real one, relays a model
-runner's failure as 502).
+answers and 503s, against a fake FeatureRunner.predict (which, like the real one, raises
+``ModelRunnerUnavailable`` for a model runner that failed). Every error reaches the caller as the
+runner raised it.
 
 On an event loop on virtual time (``tests.virtual_time``): the fake runner's 10 ms and the
 core's 1 s deadline are loop seconds, so no call times out because the machine is busy, and the
@@ -14,8 +15,8 @@ import pytest
 from common import wire
 from common.breaker import BreakerState, CircuitBreaker
 from common.errors import ApiError
-from common.predict_request import NOT_YET_APPLIED
-from common.remote import RunnerRejected, UpstreamFailed
+from common.feature_runner_api import ModelRunnerUnavailable, NotAppliedYet, PredictBatch
+from common.remote import ServiceUnavailable
 from services.prediction import PredictionCore
 from services.protocol import PredictRequest
 from tests.virtual_time import run
@@ -34,24 +35,25 @@ class FakeRunners:
         self.alternate_precision = False  # fp32 and int8 by turns, one per model call
         self.calls: list[tuple[list[int], str]] = []  # (node ids, precision) per model call
 
-    async def predict(self, node_ids, fanout=None, seeds=None, model="m", embedding=False, min_sequence=0):
+    async def predict(self, batch: PredictBatch) -> wire.Packed:
         await asyncio.sleep(0.01)  # loop time: concurrent requests find the runner busy
+        node_ids = batch.node_ids.tolist()
         if self.features_down:
-            raise ConnectionRefusedError("down")
+            raise ServiceUnavailable("FeatureRunner", "unreachable (ClientConnectorError)")
         if 999 in node_ids:
-            raise RunnerRejected(400, "unknown node ids [999]")
-        if min_sequence > self.applied:
-            raise RunnerRejected(NOT_YET_APPLIED, f"graph update {min_sequence} is not applied here yet")
+            raise ApiError(400, "unknown node ids [999]", param="node_ids")
+        if batch.min_sequence > self.applied:
+            raise NotAppliedYet(f"graph update {batch.min_sequence} is not applied here yet")
         self.feature_calls.append(len(node_ids))
         if self.model_down:
-            raise UpstreamFailed("model runner unavailable: ClientConnectorError")
+            raise ModelRunnerUnavailable("model runner unavailable: service_unavailable")
         precision = ("int8" if len(self.calls) % 2 else "fp32") if self.alternate_precision else self.precision
-        self.calls.append((list(node_ids), precision))
-        ids, seeds = np.array(node_ids, np.int64), np.array(seeds, np.int64)
+        self.calls.append((node_ids, precision))
+        ids, seeds = batch.node_ids, batch.seeds
         logits = np.stack([np.sin(ids * 1.0 + seeds % 97 + k) for k in range(3)], 1).astype(np.float32)
         probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-        return wire.pack({"logits": logits, "probs": probs.astype(np.float32)},
-                         {"model": model, "backend": "fake", "precision": precision, "task": "multiclass"})
+        return wire.Packed.of({"logits": logits, "probs": probs.astype(np.float32)},
+                              {"model": batch.model, "backend": "fake", "precision": precision, "task": "multiclass"})
 
 
 class OneRoute:
@@ -108,6 +110,7 @@ def test_a_rejected_request_does_not_fail_the_others_in_its_batch():
 
     out = run(main())
     assert isinstance(out[3], ApiError) and out[3].status == 400 and "999" in out[3].message
+    assert out[3].param == "node_ids"  # as the runner raised it
     assert all(not isinstance(o, Exception) for i, o in enumerate(out) if i != 3)
 
 
@@ -120,8 +123,8 @@ def test_one_callers_unapplied_min_sequence_does_not_fail_the_others_in_its_batc
         return await asyncio.gather(*(c.predict(r) for r in reqs), return_exceptions=True)
 
     out = run(main())
-    assert isinstance(out[2], ApiError) and out[2].status == 503 and "not applied" in out[2].message
-    assert out[2].headers.get("Retry-After") == "1"
+    assert isinstance(out[2], NotAppliedYet) and out[2].status == 503 and "not applied" in out[2].message
+    assert out[2].headers.get("Retry-After") == "1" and out[2].type == "not_applied_yet"
     assert all(not isinstance(o, Exception) for i, o in enumerate(out) if i != 2)
 
 
@@ -145,8 +148,8 @@ def test_feature_runner_down_degrades_and_model_runner_down_is_503():
     assert degraded.degraded and first.stale and first.label is not None and second.label is None
     assert first.probabilities and not second.probabilities and not second.stale
     assert degraded.to_response().precision == "int8"  # the precision of the answer it repeats
-    assert error.status == 503 and error.headers["Retry-After"] == "1"
-    assert error.message == "model runner unavailable: ClientConnectorError"
+    assert isinstance(error, ModelRunnerUnavailable) and error.status == 503 and error.headers["Retry-After"] == "1"
+    assert error.message == "model runner unavailable: service_unavailable"
 
 
 def test_a_model_runner_failure_opens_the_model_breaker_not_the_feature_one():

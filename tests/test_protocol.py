@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
-from services.protocol import MAX_NODE_ID, CompactRequest, PredictRequest
+from common.feature_runner_api import CompactRequest
+from services.protocol import MAX_NODE_ID, PredictRequest
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=10),

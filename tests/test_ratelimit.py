@@ -100,9 +100,10 @@ def test_idle_buckets_are_pruned_beyond_max_keys():
 def test_build_rate_limiter_from_settings():
     from common.settings import load_settings
 
-    assert build_rate_limiter(load_settings({})).try_acquire("k").allowed  # unlimited default
-    lim = build_rate_limiter(load_settings({"GSAGE_RATE_LIMIT_PER_S": "5",
-                                            "GSAGE_RATE_LIMIT_BURST": "7"}))
+    cfg = load_settings({})
+    assert build_rate_limiter(cfg.access, cfg.redis).try_acquire("k").allowed  # unlimited default
+    cfg = load_settings({"GSAGE_RATE_LIMIT_PER_S": "5", "GSAGE_RATE_LIMIT_BURST": "7"})
+    lim = build_rate_limiter(cfg.access, cfg.redis)
     assert isinstance(lim, LocalRateLimiter) and (lim.rate_per_s, lim.burst) == (5.0, 7.0)
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("name, value, reason", [
     ("GSAGE_COALESCE_MAX_INFLIGHT", "0", "greater than or equal to 1"),  # used to hang the coalescer
-    ("GSAGE_DIRECT_API", "enabled", "valid boolean"),  # used to read as off
+    ("GSAGE_TRACING", "enabled", "valid boolean"),  # used to read as off
     ("GSAGE_BACKEND", "onxx", "'onnx', 'onnx-cuda', 'openvino', 'torch' or 'tensorrt'"),  # failed only when a model loaded
     ("GSAGE_FEATURE_TRANSPORT_DTYPE", "bf16", "'float32' or 'float16'"),  # turned every request into a 400
     ("GSAGE_FANOUT", "25,x", "valid integer"),
@@ -51,12 +51,25 @@ def test_an_unknown_variable_is_refused_with_a_suggestion():
 
 def test_values_parse_from_the_environment():
     s = load_settings({"GSAGE_FANOUT": " 10, 5 ", "GSAGE_MODEL_TAGS": "graphsage:a,graphsage:b",
-                       "GSAGE_DIRECT_API": "off", "GSAGE_PREMEAN": "1", "GSAGE_COALESCE_OVERLAP_RATIO": "inf",
+                       "GSAGE_ACCESS_LOG": "off", "GSAGE_PREMEAN": "1", "GSAGE_COALESCE_OVERLAP_RATIO": "inf",
                        "gsage_l1_bytes": "0"})
     assert s.fanout == (10, 5) and s.model_tags == ("graphsage:a", "graphsage:b")
-    assert s.direct_api is False and s.premean is True and math.isinf(s.coalesce_overlap_ratio) and s.l1_bytes == 0
+    assert s.access_log is False and s.premean is True and math.isinf(s.coalesce_overlap_ratio) and s.l1_bytes == 0
     with pytest.raises(SettingsError):
         load_settings({"GSAGE_MODEL_TAGS": ","})  # no tag at all
+
+
+def test_each_owner_gets_its_section_and_a_retired_variable_only_warns():
+    from common.settings import SECTIONS, FeatureCacheSection, RunnerCallsSection, Settings
+
+    s = load_settings({"GSAGE_L1_BYTES": "123", "GSAGE_RUNNER_TIMEOUT_S": "4"})
+    cache = s.section(FeatureCacheSection)
+    assert type(cache) is FeatureCacheSection and cache.l1_bytes == 123 and s.feature_cache is cache
+    assert s.runner_calls.model_call_timeout_s == 3.0 and isinstance(s.runner_calls, RunnerCallsSection)
+    fields = [name for section in SECTIONS for name in section.model_fields]
+    assert sorted(fields) == sorted(Settings.model_fields) and len(fields) == len(set(fields))  # each in one section
+    with pytest.warns(UserWarning, match="GSAGE_DIRECT_API is set but no longer has an effect"):
+        assert load_settings({"GSAGE_DIRECT_API": "0"}).fanout == (25, 10)
 
 
 def test_defaults_run_on_a_laptop():

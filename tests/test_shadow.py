@@ -20,7 +20,7 @@ import pytest
 from common import wire
 from common.breaker import BreakerState, CircuitBreaker
 from common.feature_tensor import LAYOUT, PREMEAN
-from common.remote import UpstreamFailed
+from common.feature_runner_api import ModelRunnerUnavailable, PredictBatch
 from services.answer import MULTILABEL_THRESHOLD
 from services.prediction import PredictionCore
 from services.protocol import PredictRequest
@@ -66,33 +66,34 @@ class FakeFeatureRunner:
         self.premean_from = premean_from
         self.calls: dict[str, list[tuple[str, list[int], list[int]]]] = {"primary": [], "shadow": []}
         self.started: dict[str, list[float]] = {"primary": [], "shadow": []}
-        self.layouts: dict[str, list[bool | None]] = {"primary": [], "shadow": []}
+        self.layouts: dict[str, list[str | None]] = {"primary": [], "shadow": []}
         self.failing: set[str] = set()
         self.gate: asyncio.Event | None = None
 
-    async def _predict(self, side: str, node_ids, fanout=None, seeds=None, model="", embedding=False, min_sequence=0,
-                       premean=None):
-        self.calls[side].append((model, list(node_ids), list(seeds)))
+    async def _predict(self, side: str, batch: PredictBatch) -> wire.Packed:
+        model, node_ids, seeds = batch.model, batch.node_ids.tolist(), batch.seeds.tolist()
+        self.calls[side].append((model, node_ids, seeds))
         self.started[side].append(asyncio.get_running_loop().time())
+        layout = batch.layout
         if side == "primary" and self.premean_from is not None:
-            premean = len(node_ids) >= self.premean_from
-        self.layouts[side].append(premean)
+            layout = PREMEAN if len(node_ids) >= self.premean_from else LAYOUT
+        self.layouts[side].append(layout)
         meta = {"model": model, "task": "multilabel" if self.multilabel else "multiclass"}
-        if premean is not None:
-            meta["layout"] = PREMEAN if premean else LAYOUT
+        if layout is not None:
+            meta["layout"] = layout
         await asyncio.sleep(0.01)
         if side == "shadow" and self.gate is not None:
             await self.gate.wait()
         if model in self.failing:
-            raise UpstreamFailed(f"model runner unavailable: {model} failed")
-        probs = fake_probs(model, np.array(node_ids, np.int64), np.array(seeds, np.int64), self.multilabel)
-        return wire.pack({"probs": probs}, meta)
+            raise ModelRunnerUnavailable(f"model runner unavailable: {model} failed")
+        probs = fake_probs(model, batch.node_ids, batch.seeds, self.multilabel)
+        return wire.Packed.of({"probs": probs}, meta)
 
-    async def primary(self, **kw):
-        return await self._predict("primary", **kw)
+    async def primary(self, batch: PredictBatch) -> wire.Packed:
+        return await self._predict("primary", batch)
 
-    async def shadow(self, **kw):
-        return await self._predict("shadow", **kw)
+    async def shadow(self, batch: PredictBatch) -> wire.Packed:
+        return await self._predict("shadow", batch)
 
     def seen(self, side: str) -> list[tuple[int, int]]:
         return sorted((n, s) for _, ids, seeds in self.calls[side] for n, s in zip(ids, seeds))
@@ -224,7 +225,7 @@ def test_the_shadow_runs_on_its_primarys_input_layout():
                       for n, s in zip(ids, seeds)}
     shadow_layout = {(n, s): p for (_, ids, seeds), p in zip(runners.calls["shadow"], runners.layouts["shadow"])
                      for n, s in zip(ids, seeds)}
-    assert shadow_layout == primary_layout and set(primary_layout.values()) == {True, False}
+    assert shadow_layout == primary_layout and set(primary_layout.values()) == {PREMEAN, LAYOUT}
     assert len(runners.calls["shadow"]) == 2  # all waited together: one call per layout
     assert stats.requests == 8 and stats.agreement == 1.0 and stats.diff.max == 0.0
 

@@ -1,4 +1,4 @@
-"""The update log (runners/feature/update_log.py): one set of behavioural tests run against the
+"""The update log (runners/feature/update_log/): one set of behavioural tests run against the
 file log (in tmp_path), the Redis log on a standalone server and, for a subset, on a 3-master
 Cluster; then what only one implementation has (the file format, torn tails, fsync, segment rolls,
 several processes; the Redis layout and a dead server).
@@ -27,6 +27,7 @@ import orjson
 import pytest
 
 from runners.feature import update_log
+from runners.feature.update_log import base, file_log
 from runners.feature.update_log import (
     FileUpdateLog,
     LogEntry,
@@ -195,7 +196,7 @@ def test_a_read_after_own_appends_scans_only_the_new_records(tmp_path, monkeypat
     rescan the segment from its start (which grows to SEGMENT_BYTES)."""
     log = update_log.FileUpdateLog(str(tmp_path))
     scanned = []
-    real = update_log._records
+    real = file_log._records
 
     def counting(*args, **kwargs):
         for record in real(*args, **kwargs):
@@ -208,7 +209,7 @@ def test_a_read_after_own_appends_scans_only_the_new_records(tmp_path, monkeypat
         assert seqs(await log.read(0, limit=1000)) == list(range(1, 201))  # the cursor at the end
         for i in range(200, 203):
             await log.append(ops(i), i)  # applied by the writer itself: the cursor stays at 201
-        monkeypatch.setattr(update_log, "_records", counting)
+        monkeypatch.setattr(file_log, "_records", counting)
         assert seqs(await log.read(202)) == [203]
 
     asyncio.run(body())
@@ -229,7 +230,7 @@ def test_an_idle_wait_on_an_empty_file_log_does_not_list_the_directory_every_pol
         await real_sleep(0)
 
     async def body():
-        monkeypatch.setattr(update_log.asyncio, "sleep", counted_sleep)
+        monkeypatch.setattr(file_log.asyncio, "sleep", counted_sleep)
         try:
             assert await log.wait(0, 0.0) is False
             # polls until the deadline: bounded by the number of polls, not by time
@@ -240,7 +241,7 @@ def test_an_idle_wait_on_an_empty_file_log_does_not_list_the_directory_every_pol
             await other.append(ops(0), 0)
             assert await asyncio.wait_for(waiter, 10.0) is True
         finally:
-            monkeypatch.setattr(update_log.asyncio, "sleep", real_sleep)
+            monkeypatch.setattr(file_log.asyncio, "sleep", real_sleep)
 
     asyncio.run(body())
     assert len(polls) >= 50 and len(listings) <= 4, (len(polls), len(listings))
@@ -301,9 +302,9 @@ def test_head_never_goes_back_after_a_trim(backend):
 def test_statuses_with_max_age(backend, monkeypatch):
     async def body(log, other):
         assert await log.statuses() == {}
-        monkeypatch.setattr(update_log, "wall_clock", lambda: time.time() - 100.0)
+        monkeypatch.setattr(base, "wall_clock", lambda: time.time() - 100.0)
         await log.publish_status("worker-old", {"applied": 1})
-        monkeypatch.setattr(update_log, "wall_clock", time.time)
+        monkeypatch.setattr(base, "wall_clock", time.time)
         await log.publish_status("worker-1", {"applied": 3, "lag_s": 0.25, "overlay": {"edges": 2}})
         await other.publish_status("worker-2", {"applied": 2})
 
@@ -489,11 +490,11 @@ def test_file_torn_tail_is_ignored_then_repaired(tmp_path, tamper):
 
 
 def test_file_torn_tail_is_truncated_before_a_roll(tmp_path, monkeypatch):
-    monkeypatch.setattr(update_log, "SEGMENT_BYTES", 150)
+    roll = 150  # bytes: small segments, so that a few appends roll them
     directory = str(tmp_path / "log")
 
     async def main():
-        log = FileUpdateLog(directory)
+        log = FileUpdateLog(directory, segment_bytes=roll)
         await log.append(ops(0), 0)
         [segment] = [os.path.join(directory, s) for s in segments(directory)]
         with open(segment, "ab") as f:
@@ -583,11 +584,11 @@ def test_file_failed_write_appends_nothing(tmp_path, monkeypatch):
 
 
 def test_file_segment_roll_and_whole_segment_trim(tmp_path, monkeypatch):
-    monkeypatch.setattr(update_log, "SEGMENT_BYTES", 400)
+    roll = 400  # bytes: small segments, so that a few appends roll them
     directory = str(tmp_path / "log")
 
     async def main():
-        writer, tailer, late = FileUpdateLog(directory), FileUpdateLog(directory), FileUpdateLog(directory)
+        writer, tailer, late = (FileUpdateLog(directory, segment_bytes=roll) for _ in range(3))
         for i in range(20):
             await writer.append(ops(i), i)
             assert seqs(await tailer.read(i)) == [i + 1]  # tails across every roll

@@ -112,10 +112,11 @@ def main() -> None:
     cfg = loaded.artifacts.config
     fanout = tuple(cfg.fanout)
     settings = Settings(l1_bytes=snap.num_nodes * (snap.feature_dim * 4 + 256), redis_url="")
-    store = build_feature_store(settings, snap.features, snap.tag)
+    store = build_feature_store(settings.feature_cache, settings.redis, snap.features, snap.tag)
     builder = NeighbourhoodBuilder(snap, store, fanout, 4096)
     # B3 without L1: every row gathered straight from the memory-mapped snapshot (page cache)
-    bare = NeighbourhoodBuilder(snap, build_feature_store(Settings(l1_bytes=0, redis_url=""), snap.features, snap.tag),
+    no_l1 = Settings(l1_bytes=0, redis_url="")
+    bare = NeighbourhoodBuilder(snap, build_feature_store(no_l1.feature_cache, no_l1.redis, snap.features, snap.tag),
                                 fanout, 4096, scan_min_targets=1)
     pyg = PygGraphSAGE(cfg)
     pyg.load_state_dict(torch.load(loaded.artifacts.state_dict_path, weights_only=True), strict=True)

@@ -678,7 +678,7 @@ def write(res: dict, out_dir: str) -> str:
           f"L1 = 10% of the feature bytes (`GSAGE_L1_BYTES={cfg.get('app_env', {}).get('GSAGE_L1_BYTES', '?')}`), "
           "L2 = a redis-server started by the suite on a free port (or none), fanout [25, 10], ONNX Runtime with 1 "
           "intra-op thread, adaptive batching defaults; the app's hot APIs answered past BentoML's per-request "
-          "dispatch (`common/bento/direct_api.py`), the baselines' through `@bentoml.api`. Target ids: Zipf(1.0) over a random permutation of the "
+          "dispatch (`common/endpoints.py`'s router), the baselines' through `@bentoml.api`. Target ids: Zipf(1.0) over a random permutation of the "
           "node ids, or uniform. Closed loop = N workers back to back; open loop = Poisson arrivals, latency "
           "from the scheduled start. Every load loop is bounded in time and count.",
           "",

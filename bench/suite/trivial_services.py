@@ -5,10 +5,10 @@ exactly the topology of the real app (the gateway sends the node ids to the feat
 ``predict`` as int64 bytes, which sends a bytes blob to the model service, as the app's services
 do: one raw ``application/octet-stream`` body per hop, not pickled keyword arguments; async APIs, ``await
 dep.to_async.method(...)``; the runners' service options of the app
-(``common.settings.runner_service_options``: the ``runner_connection`` workaround, no access log,
-tracing as configured), started split: one process per service). Their endpoints are plain
-``@bentoml.api`` ones, BentoML's own dispatch: the app answers its hot APIs past it
-(``common.bento.direct_api``), which is part of what the app is measured for. The answer has the same shape
+(``common.bento.config.runner_service_config``: no access log, tracing as configured, plus the
+``runner_connection`` workaround), started split: one process per service). Their endpoints are
+plain ``@bentoml.api`` ones, BentoML's own dispatch: the app answers every endpoint past it
+(``common.endpoints.EndpointRouter``), which is part of what the app is measured for. The answer has the same shape
 as ``/predict``'s (one entry per node), so the gateway pays comparable JSON costs; the runners
 only echo a few bytes.
 
@@ -19,22 +19,28 @@ from __future__ import annotations
 
 import gc
 import struct
+from typing import Annotated
 
 import bentoml
 import numpy as np
+from bentoml.validators import ContentType
 
-from common.bento import timeout_fix as bentoml_timeout_fix
+from common.bento import traffic as bentoml_traffic
+from common.bento.config import runner_service_config, tracing_config
+from common.settings import load_settings
 
-from common import settings as config
-from common.bento.direct_api import BinaryBody
+bentoml_traffic.install()  # before BentoML builds this service's ASGI app (see the module)
 
-bentoml_timeout_fix.install()  # before BentoML builds this service's ASGI app (see the module)
+# A raw binary body and answer; the declared media type spares BentoML a pydantic JSON-schema
+# build per response to find one.
+BinaryBody = Annotated[bytes, ContentType("application/octet-stream")]
+SERVING = load_settings().serving
 
 # The app's runners' service options, so that B1 differs from the app by the work only; plus the
 # connection limits BentoML's dependency proxy needs (B1 calls through it, the app through its own
 # client): it recycles its session every 100 requests and closes it under calls in flight, which
 # fails a share of requests under concurrency otherwise.
-RUNNER_OPTIONS = {**config.runner_service_options(workers=1),
+RUNNER_OPTIONS = {**runner_service_config(SERVING, workers=1),
                   "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9}}
 TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
 
@@ -70,7 +76,7 @@ def _answer(node_ids: list[int]) -> dict:
             "predictions": [{"node_id": n, "label": 0, "score": 1.0} for n in node_ids]}
 
 
-@bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC, tracing=config.tracing_config())
+@bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC, tracing=tracing_config(SERVING))
 class TrivialGateway:
     feature = bentoml.depends(TrivialFeature)
     model = bentoml.depends(TrivialModel)
@@ -85,7 +91,7 @@ class TrivialGateway:
         return _answer(node_ids)
 
 
-@bentoml.service(name="TrivialSingle", workers=1, traffic=TRAFFIC, tracing=config.tracing_config())
+@bentoml.service(name="TrivialSingle", workers=1, traffic=TRAFFIC, tracing=tracing_config(SERVING))
 class TrivialSingle:
     def __init__(self) -> None:
         gc.freeze()

@@ -1,14 +1,16 @@
 """The BentoML adapter: every use of BentoML internals lives in this package, and importing it
 checks that the installed BentoML is a version these modules were written and tested against.
 
-- ``timeout_fix``: the request-timeout middleware's timer leak, fixed in place;
-- ``direct_api``: hot routes answered past BentoML's per-request dispatch, errors as ``ApiError``;
+- ``traffic``: the timeout and concurrency middlewares patched (the timer leak; refusals as ``ApiError``);
+- ``wiring``: a service's endpoints answered by the project's router behind its guard;
+- ``config``: each service's BentoML configuration from its settings sections;
 - ``dependencies``: the address BentoML gave a dependency (its proxy is not used for calls);
-- ``serving``: which service this process was started to serve;
+- ``serving``: which service this process was started to serve, and what each service module runs first;
+- ``foreign_errors``: error answers BentoML writes itself, rewritten in the one error shape;
 - ``logs``: client errors that BentoML's dispatch would log at ERROR with a traceback;
-- ``openapi``: the served OpenAPI document, declared as what it is, with the plain routes;
+- ``openapi``: the gateway's OpenAPI document, declared as what it is, with every route and its errors;
 - ``launch``: the command that starts one service of a bento (``start-http-server``);
-- ``store``: pointing this process's model and bento stores at a BentoML home;
+- ``store``: model-store entries read and written, and this process's stores pointed at a BentoML home;
 - ``release``: a bento's container build context and the container backends.
 """
 

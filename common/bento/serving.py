@@ -1,11 +1,5 @@
-"""What this process was started to serve, for configuration that only the bento's main service
-may carry.
-
-BentoML applies the entry service's ``ssl`` config to whatever server the process starts: a
-runner started from the same bento with ``start-http-server --service-name GraphSAGERunner``
-would serve HTTPS with the gateway's certificate, and its callers speak plain HTTP to it. So the
-gateway's TLS config is given only when this process serves the gateway itself.
-"""
+"""What this process was started to serve (configuration that only the bento's main service may
+carry: ``common.bento.config``), and what every service module runs before its class."""
 
 from __future__ import annotations
 
@@ -35,14 +29,14 @@ def serves(service: str, main: bool = False) -> bool:
 
 
 def prepare_service_module() -> None:
-    """What each service module runs before its ``@bentoml.service`` class: BentoML's timeout
-    timers released (``timeout_fix``, before BentoML builds the ASGI app), a caller's bad input
+    """What each service module runs before its ``@bentoml.service`` class: BentoML's traffic
+    middlewares patched (``traffic``, before BentoML builds the ASGI app), a caller's bad input
     not logged as the service's error, and one service token that every process BentoML starts
     from here shares (before it starts any)."""
-    from common.bento import timeout_fix
+    from common.bento import traffic
     from common.bento.logs import quiet_client_errors
     from common.service_auth import ensure_shared_token
 
-    timeout_fix.install()
+    traffic.install()
     quiet_client_errors()
     ensure_shared_token()

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from common.feature_tensor import FeatureTensor, to_padded
-from common.predict_request import EXPLANATION_ARRAYS
+from common.feature_runner_api import EXPLANATION_ARRAYS
 
 PAD = -1  # runners.feature.sampling.PAD
 

@@ -1,13 +1,6 @@
 """The graph a FeatureRunner worker serves: the memory-mapped snapshot (the base) plus the updates
-applied since (the overlay), and the rules a batch of updates must follow.
-
-Ops (JSON objects, as the update log carries them):
-
-    {"op": "add_node", "id": 100123, "features": [...], "label": 3}     label optional
-    {"op": "set_features", "id": 17, "features": [...]}
-    {"op": "add_edge", "src": 17, "dst": 100123}
-    {"op": "remove_edge", "src": 17, "dst": 5}
-    {"op": "remove_node", "id": 5}                                       its edges go too
+applied since (the overlay), and the rules a batch of updates must follow against the graph (the
+ops and their fields: ``common.graph_ops``, the one definition).
 
 Edges follow the snapshot's convention (``GraphSnapshot.directed``): in an undirected graph an
 edge is stored in both endpoints' lists. Ids are the caller's, in ``[0, capacity)``; a node is
@@ -40,24 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ApiError
+from common.graph_ops import BY_NAME, NODE_FIELDS, OP_NAMES, BatchRejected
 from runners.feature.sampling import AdjacencyOverlay
 from runners.feature.snapshot import GraphSnapshot
 
-OPS = ("add_node", "set_features", "add_edge", "remove_edge", "remove_node")
-_FIELDS = {"add_node": ("id", "features"), "set_features": ("id", "features"), "add_edge": ("src", "dst"),
-           "remove_edge": ("src", "dst"), "remove_node": ("id",)}
 MIN_SEGMENT = 4
 FLOAT32_MAX = 3.4e38  # a feature value past this does not fit the float32 rows
 _NUMBER_TYPES = {int, float}  # exactly: bool is an int subclass and is refused
-
-
-class BatchRejected(ApiError):
-    """A batch of updates that cannot be applied (HTTP 422): the op at ``index``, its ``field``, why."""
-
-    def __init__(self, index: int, op: str, field: str, reason: str) -> None:
-        super().__init__(422, f"op {index} ({op}): {field}: {reason}")
-        self.index, self.op, self.field, self.reason = index, op, field, reason
 
 
 @dataclasses.dataclass
@@ -191,13 +173,14 @@ class LiveGraph:
                 edges[key] = 0
 
         for i, op in enumerate(ops):
-            if not isinstance(op, dict) or op.get("op") not in OPS:
-                raise BatchRejected(i, str(op.get("op") if isinstance(op, dict) else op), "op", f"must be one of {list(OPS)}")
+            if not isinstance(op, dict) or op.get("op") not in BY_NAME:
+                kind = str(op.get("op") if isinstance(op, dict) else op)
+                raise BatchRejected(i, kind, "op", f"must be one of {list(OP_NAMES)}")
             kind = op["op"]
-            for name in _FIELDS[kind]:
+            for name in BY_NAME[kind].required:
                 if name not in op:
                     raise BatchRejected(i, kind, name, "missing")
-            for name in ("id", "src", "dst"):
+            for name in NODE_FIELDS:
                 if name in op:
                     v = op[name]
                     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < self.capacity:

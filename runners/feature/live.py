@@ -37,17 +37,17 @@ from typing import Any
 import numpy as np
 
 from common.errors import KindOfError
-from common.predict_request import NOT_YET_APPLIED
+from common.feature_runner_api import NotAppliedYet
 from runners.feature import update_log
-from runners.feature.graph import BatchRejected, LiveGraph
+from common.graph_ops import BatchRejected
+from runners.feature.graph import LiveGraph
 from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
 from runners.feature.update_log import LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog
 
 log = logging.getLogger("graphsage.graph")
 
 SNAPSHOT_OP = "_snapshot"  # internal entry: switch to a compacted snapshot (never a client's op)
-READ_BATCH = 500
-STATUS_INTERVAL_S = 1.0
+READ_BATCH = 500  # replay's default (GSAGE_GRAPH_LOG_READ_BATCH for a worker)
 
 
 class TooManyOps(KindOfError):
@@ -70,13 +70,6 @@ class NeverIssued(KindOfError):
     status_code = 422
 
 
-class NotApplied(KindOfError):
-    """``min_sequence`` not applied by this worker within the wait (the gateway answers 503 with
-    Retry-After)."""
-
-    status_code = NOT_YET_APPLIED
-
-
 @dataclasses.dataclass
 class Observer:
     """Metrics hooks (the service wires Prometheus; tests leave them out)."""
@@ -96,7 +89,7 @@ def worker_name() -> str:
 
 
 def _wall_clock() -> float:
-    return update_log.wall_clock()  # the clock of the entries' acked_at, looked up at each call
+    return update_log.base.wall_clock()  # the clock of the entries' acked_at, looked up at each call
 
 
 class GraphKeeper:
@@ -104,7 +97,8 @@ class GraphKeeper:
                  on_rows_changed: Callable[[np.ndarray], None] = lambda ids: None, poll_interval_s: float = 0.02,
                  max_ops: int = 10_000, capacity: int = 0, worker: str | None = None,
                  observer: Observer | None = None, clock: Callable[[], float] = _wall_clock,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter, read_batch: int = READ_BATCH,
+                 status_interval_s: float = 1.0) -> None:
         """``on_swap``: the builder and the feature store start serving a new graph (compaction);
         ``on_rows_changed``: rows of these ids changed (the caches forget them). Both are called
         under ``lock``. ``clock``: the wall clock the entries' ``acked_at`` is read against
@@ -112,7 +106,7 @@ class GraphKeeper:
         self.graph = graph
         self.log = log_
         self.lock = asyncio.Lock()
-        self._on_swap = on_swap
+        self.on_swap = on_swap
         self._on_rows_changed = on_rows_changed
         self.poll_interval_s = poll_interval_s
         self.max_ops = max_ops
@@ -121,6 +115,8 @@ class GraphKeeper:
         self.observer = observer or Observer()
         self.clock = clock
         self.timer = timer
+        self.read_batch = read_batch
+        self.status_interval_s = status_interval_s
         self.head = graph.sequence  # the log's head as last seen
         # acked_at of the oldest entry read from the log and not applied yet (None: none).
         self._pending_acked_at: float | None = None
@@ -182,7 +178,7 @@ class GraphKeeper:
         applied = 0
         while True:
             try:
-                entries = await self.log.read(self.graph.sequence, READ_BATCH)
+                entries = await self.log.read(self.graph.sequence, self.read_batch)
             except LogTrimmed as exc:
                 raise RuntimeError(f"the update log no longer holds the entries after {self.graph.sequence} "
                                    f"({self.graph.base.tag}): serve a newer snapshot (GSAGE_SNAPSHOT_TAG)") from exc
@@ -256,7 +252,7 @@ class GraphKeeper:
     # -- read-your-writes ----------------------------------------------------------------------
 
     async def wait_for(self, sequence: int, timeout_s: float) -> None:
-        """Return once this worker applied ``sequence``; ``NotApplied`` after ``timeout_s``."""
+        """Return once this worker applied ``sequence``; ``NotAppliedYet`` after ``timeout_s``."""
         if sequence <= self.graph.sequence:
             return
         loop = asyncio.get_running_loop()
@@ -269,7 +265,7 @@ class GraphKeeper:
                 if sequence > head:
                     raise NeverIssued(f"min_sequence {sequence} was never issued: the update log's latest sequence is "
                                       f"{head}; pass the sequence an update answered")
-                raise NotApplied(f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); "
+                raise NotAppliedYet(f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); "
                                  "retry shortly")
             event = self._applied_event
             try:
@@ -293,7 +289,7 @@ class GraphKeeper:
         async with self.lock:
             fresh.sequence = entry.sequence
             self.graph = fresh
-            self._on_swap(fresh)
+            self.on_swap(fresh)
         self._applied(entry)
         seconds = self.timer() - started
         replayed = entry.sequence - 1 - snapshot.log_sequence
@@ -333,7 +329,7 @@ class GraphKeeper:
         now = time.monotonic()
         if not force and now < self._next_status:
             return
-        self._next_status = now + STATUS_INTERVAL_S
+        self._next_status = now + self.status_interval_s
         self.head = max(self.head, await self.log.head())
         status = self.status()
         self.observer.state(status)

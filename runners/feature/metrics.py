@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, labelled
+from runners.feature.neighbourhood import BatchTimings
 
 
 @functools.lru_cache(maxsize=1)
@@ -24,7 +25,7 @@ def feature_metrics() -> SimpleNamespace:
         lookups=m.Counter(name="feature_lookups_total", documentation="Feature rows served per cache level",
                           labelnames=["level"]),
         bytes=m.Histogram(name="feature_response_bytes",
-                          documentation="Encoded FeatureTensor bytes per request (to the model runner or the caller)",
+                          documentation="FeatureTensor array bytes per model call (what its encoding carries beside a small header)",
                           buckets=(1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6)),
         batch_targets=m.Histogram(name="feature_batch_targets", documentation="Targets per merged batch",
                                   buckets=SIZE_BUCKETS),
@@ -76,3 +77,35 @@ def graph_observer() -> Any:
     return Observer(applied=lambda op, n: labelled(m.applied, op).inc(n), staleness=m.staleness.observe, state=state,
                     lag_seconds=m.lag_seconds.set,
                     compaction=lambda stage, seconds: labelled(m.compaction, stage).observe(seconds))
+
+
+class PrometheusObserver:
+    """``runners.feature.pipeline.FeatureObserver`` on these metrics."""
+
+    def batch(self, timings: BatchTimings, l2_errors: int) -> None:
+        m, t = feature_metrics(), timings
+        labelled(m.stage, "sample").observe(t.sample_s)
+        labelled(m.stage, "l1").observe(t.fetch.l1_s)
+        if t.fetch.l2_s:
+            labelled(m.stage, "l2").observe(t.fetch.l2_s)
+        if t.fetch.origin_s:
+            labelled(m.stage, "origin").observe(t.fetch.origin_s)
+        # The whole retrieval of the batch (L1 + L2 + origin): its P99 is the SLO, and a sum of the
+        # levels' P99s would only bound it from above.
+        labelled(m.stage, "fetch").observe(t.fetch.l1_s + t.fetch.l2_s + t.fetch.origin_s)
+        labelled(m.stage, "assemble").observe(t.assemble_s)
+        labelled(m.lookups, "l1").inc(t.fetch.l1_hits)
+        labelled(m.lookups, "l2").inc(t.fetch.l2_hits)
+        labelled(m.lookups, "origin").inc(t.fetch.origin_hits)
+        m.batch_targets.observe(t.targets)
+        if t.fetch.scan:
+            m.scans.inc()
+        if l2_errors:
+            m.l2_errors.inc(l2_errors)
+
+    def tensor_bytes(self, size: int) -> None:
+        feature_metrics().bytes.observe(size)
+
+    @staticmethod
+    def l1_fill(seconds: float) -> None:
+        labelled(feature_metrics().stage, "l1_fill").observe(seconds)

@@ -19,12 +19,12 @@ from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
 from common.feature_tensor import FeatureTensor
 from runners.feature.tree_layout import PremeanTree, compact
 from runners.feature.narrowing import to_dtype
-from common.predict_request import random_seed
+from common.feature_runner_api import random_seed
+from common.settings import TRANSPORT_DTYPES
 from runners.feature.graph import LiveGraph
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
 
-TRANSPORT_DTYPES = ("float32", "float16")
 
 
 class InvalidRequest(KindOfError):

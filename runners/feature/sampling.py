@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.predict_request import random_seed
+from common.feature_runner_api import random_seed
 
 PAD = -1
 Seeds = int | np.ndarray  # one seed for all nodes, or one per node

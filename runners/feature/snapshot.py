@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from common.bento.store import create_entry, get_entry
+
 SNAPSHOT_MODEL_NAME = "graph-snapshot"
 ARRAYS = ("indptr", "indices", "features", "labels", "train", "val", "test")
 OPTIONAL_ARRAYS = ("present",)
@@ -139,27 +141,19 @@ def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
 
 def save_snapshot(snapshot: GraphSnapshot, labels: dict[str, str] | None = None) -> str:
     """Save to the BentoML model store as ``graph-snapshot:<auto version>``; returns the tag."""
-    import bentoml
-
     snapshot.validate()
-    meta = snapshot.metadata()
-    with bentoml.models.create(
-        SNAPSHOT_MODEL_NAME,
-        labels={"task": snapshot.task, "source": snapshot.source[:60], **(labels or {})},
-        metadata=meta,
-    ) as model:
-        write_arrays(snapshot, model.path)
-    snapshot.tag = str(model.tag)
+    with create_entry(SNAPSHOT_MODEL_NAME, {"task": snapshot.task, "source": snapshot.source[:60], **(labels or {})},
+                      snapshot.metadata()) as entry:
+        write_arrays(snapshot, entry.path)
+    snapshot.tag = entry.tag
     return snapshot.tag
 
 
 def load_snapshot(tag: str = f"{SNAPSHOT_MODEL_NAME}:latest", mmap: bool = True) -> GraphSnapshot:
     """Load a snapshot from the model store; arrays are memory-mapped (no copy) by default."""
-    import bentoml
-
-    model = bentoml.models.get(tag)
-    meta = dict(model.info.metadata)
-    arrays = read_arrays(model.path, mmap=mmap)
+    entry = get_entry(tag)
+    meta = entry.metadata
+    arrays = read_arrays(entry.path, mmap=mmap)
     known = {"task", "source"}
     extra = {k: v for k, v in meta.items() if k not in known | DERIVED_METADATA}
     source = meta.get("source", "unknown")
@@ -167,7 +161,7 @@ def load_snapshot(tag: str = f"{SNAPSHOT_MODEL_NAME}:latest", mmap: bool = True)
         **arrays,
         task=meta.get("task", "multiclass"),
         source=source,
-        tag=str(model.tag),
+        tag=entry.tag,
         extra=extra,
         directed=bool(meta.get("directed", _directed_by_origin(source, extra))),
         log_sequence=int(meta.get("log_sequence", 0)),

@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runners.graphsage.model_artifacts import PRECISIONS, ModelArtifacts
+from common.settings import BACKENDS, PRECISIONS
+from runners.graphsage.model_artifacts import ModelArtifacts
 
 log = logging.getLogger(__name__)
-KINDS = ("onnx", "onnx-cuda", "openvino", "torch", "tensorrt")
 # The backends that can serve the INT8 graph, by the runtime the export measured it on.
 INT8_RUNTIMES = {"onnx": "onnx", "openvino": "openvino"}
 Outputs = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -232,7 +232,7 @@ def _construct(artifacts: ModelArtifacts, kind: str, threads: int, precision: st
         return TorchBackend(artifacts, threads)
     if kind == "tensorrt":
         raise NotImplementedError("the TensorRT backend needs engines built on a GPU machine (GPU issue); use onnx")
-    raise ValueError(f"unknown backend {kind!r}; expected one of {KINDS}")
+    raise ValueError(f"unknown backend {kind!r}; expected one of {BACKENDS}")
 
 
 def int8_refusal(artifacts: ModelArtifacts, kind: str) -> str | None:
@@ -258,8 +258,8 @@ def load_backend(artifacts: ModelArtifacts, kind: str = "onnx", threads: int = 1
     this runtime, else FP32: see the module), checked on the version's probe unless ``check`` is
     False. Raises ``BackendUnavailable`` when the backend's package is missing, ``LoadCheckError``
     when the FP32 answers do not reproduce PyG's."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown backend {kind!r}; expected one of {KINDS}")
+    if kind not in BACKENDS:
+        raise ValueError(f"unknown backend {kind!r}; expected one of {BACKENDS}")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
     if precision == "int8":

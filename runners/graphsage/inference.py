@@ -17,15 +17,11 @@ from typing import Any
 import numpy as np
 
 from runners.graphsage.backends import Backend, load_backend
+from common.bento.store import StoreEntryNotFound
 from common.errors import KindOfError
+from common.model_runner_api import UnknownVersion
 from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from runners.graphsage.model_artifacts import ModelArtifacts, load_artifacts
-
-
-class UnknownVersion(KindOfError):
-    """The model store has no such ``graphsage`` tag (or none this runner can serve)."""
-
-    status_code = 404
 
 
 class IncompatibleInput(KindOfError):
@@ -64,13 +60,8 @@ class InferenceItem:
 
 
 class ModelRegistry:
-    def __init__(self, backend: str = "onnx", threads: int = 1, precision: str | None = None) -> None:
-        """``precision``: ``fp32`` or ``int8`` (where a version allows it: ``backends``); None:
-        the configured one (``GSAGE_PRECISION``)."""
-        if precision is None:
-            from common.settings import settings
-
-            precision = settings().precision
+    def __init__(self, backend: str = "onnx", threads: int = 1, precision: str = "fp32") -> None:
+        """``precision``: ``fp32`` or ``int8`` (where a version allows it: ``backends``)."""
         self.backend_kind = backend
         self.threads = threads
         self.precision = precision
@@ -90,7 +81,7 @@ class ModelRegistry:
         with self._lock:
             try:
                 artifacts = load_artifacts(tag)
-            except Exception as exc:  # bentoml raises NotFound / BentoMLException
+            except StoreEntryNotFound as exc:
                 raise UnknownVersion(f"model {tag!r} is not in the model store") from exc
             layout = artifacts.metadata.get("input_layout")
             if layout != LAYOUT:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
-from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
+from common.batching import BatchStats
+from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, labelled
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,3 +30,17 @@ def model_metrics() -> SimpleNamespace:
                            labelnames=["model", "backend"]),
         batches=m.Counter(name="graphsage_batches_total", documentation="Forward passes"),
     )
+
+
+class PrometheusObserver:
+    """``runners.graphsage.core.ModelRunnerObserver`` on these metrics."""
+
+    def batch(self, stats: BatchStats) -> None:
+        m = model_metrics()
+        m.batches.inc()
+        m.batch_targets.observe(stats.last_batch_units)
+        m.queue.observe(stats.last_batch_queue_s)
+        m.compute.observe(stats.last_batch_compute_s)
+
+    def answered(self, model: str, backend: str) -> None:
+        labelled(model_metrics().requests, model, backend).inc()

@@ -27,6 +27,7 @@ import json
 import os
 from typing import Any
 
+from common.bento.store import get_entry
 from runners.graphsage.model_config import ModelConfig
 
 MODEL_NAME = "graphsage"
@@ -38,7 +39,6 @@ TENSORRT_DIR = "tensorrt"
 INT8_ONNX_FILE = "model.int8.onnx"
 INT8_ONNX_PREMEAN_FILE = "model_premean.int8.onnx"
 PROBE_FILE = "probe.npz"
-PRECISIONS = ("fp32", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +87,8 @@ class ModelArtifacts:
 
 
 def load_artifacts(tag: str = f"{MODEL_NAME}:latest") -> ModelArtifacts:
-    """Resolve a tag (``:latest`` included) in the model store; raises bentoml's NotFound."""
-    import bentoml
-
-    model = bentoml.models.get(tag)
-    with open(os.path.join(model.path, CONFIG_FILE)) as f:
+    """Resolve a tag (``:latest`` included) in the model store; raises ``StoreEntryNotFound``."""
+    entry = get_entry(tag)
+    with open(os.path.join(entry.path, CONFIG_FILE)) as f:
         config = ModelConfig.from_dict(json.load(f))
-    return ModelArtifacts(tag=str(model.tag), path=model.path, config=config, metadata=dict(model.info.metadata))
+    return ModelArtifacts(tag=entry.tag, path=entry.path, config=config, metadata=entry.metadata)

@@ -1,6 +1,7 @@
 """Feature cache levels of the FeatureRunner: L1 (process LRU) -> L2 (Redis) -> origin (mmap).
 
-``build_feature_store(settings, features, snapshot_version)`` is the entry point; see
+``build_feature_store(cache, redis, features, snapshot_version)`` (the two settings sections) is the
+entry point; see
 ``tiered.py`` for the read path and ``l2_redis.py`` for the Redis key layout.
 """
 

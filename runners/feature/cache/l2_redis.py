@@ -85,7 +85,6 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "gsf"
 WIRE_DTYPE = np.dtype("<f4")
 SCRIPT_FAILURES_BEFORE_PAUSE = 3
-SCRIPT_PAUSE_S = 60.0
 # Outage errors: they mean "Redis cannot serve", not "the script path cannot", so no fallback.
 _OUTAGE_ERRORS = (ClusterDownError, TryAgainError)
 
@@ -143,6 +142,7 @@ class RedisFeatureLevel:
         write_delay_s: float = 0.0,
         write_batch_rows: int = 1024,
         use_scripts: bool = True,
+        script_pause_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
@@ -179,6 +179,7 @@ class RedisFeatureLevel:
         self.writes_dropped = 0
         self.fallbacks = 0
         self._use_scripts = use_scripts
+        self.script_pause_s = script_pause_s
         self._script_fallbacks = 0  # consecutive
         self._scripts_paused_until = 0.0
 
@@ -289,9 +290,8 @@ class RedisFeatureLevel:
         self._script_fallbacks += 1
         if self._script_fallbacks >= SCRIPT_FAILURES_BEFORE_PAUSE:
             self._script_fallbacks = 0
-            self._scripts_paused_until = self._clock() + SCRIPT_PAUSE_S
-            log.warning("L2: Lua scripts keep failing (%s); plain commands for %.0fs",
-                        exc, SCRIPT_PAUSE_S)
+            self._scripts_paused_until = self._clock() + self.script_pause_s
+            log.warning("L2: Lua scripts keep failing (%s); plain commands for %.0fs", exc, self.script_pause_s)
 
     def _by_master(self, keys: list[bytes]) -> list[tuple[ClusterNode, list[int]]]:
         """Positions of ``keys`` grouped by the master that owns their slot."""

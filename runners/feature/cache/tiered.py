@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from common.settings import Settings
+from common.settings import FeatureCacheSection, RedisSection
 from .base import ROW_DTYPE, as_ids
 from .l1 import L1Cache
 from .l2_redis import RedisFeatureLevel
@@ -224,29 +224,29 @@ class TieredFeatureStore:
             await self.l2.close()
 
 
-def build_feature_store(
-    settings: Settings, features: np.ndarray, snapshot_version: str, graph: Any = None
-) -> TieredFeatureStore:
-    """L1 + origin always; L2 only when ``settings.redis_url`` is set. ``graph``: a live graph
+def build_feature_store(cache: FeatureCacheSection, redis: RedisSection, features: np.ndarray, snapshot_version: str,
+                        graph: Any = None) -> TieredFeatureStore:
+    """L1 + origin always; L2 only when ``redis.redis_url`` is set. ``graph``: a live graph
     (``runners.feature.graph.LiveGraph``), whose rows and ids the levels then serve."""
     origin = (OriginLevel(features) if graph is None
               else OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity))
-    l1 = L1Cache(settings.l1_bytes, settings.l1_ttl_s, origin.dim, num_ids=origin.num_nodes,
-                 admit_min_uses=settings.l1_admit_min_uses)
+    l1 = L1Cache(cache.l1_bytes, cache.l1_ttl_s, origin.dim, num_ids=origin.num_nodes,
+                 admit_min_uses=cache.l1_admit_min_uses)
     l2 = None
-    if settings.redis_url:
+    if redis.redis_url:
         l2 = RedisFeatureLevel.from_url(
-            settings.redis_url,
+            redis.redis_url,
             snapshot_version,
             origin.dim,
-            ttl_s=settings.l2_ttl_s,
-            timeout_s=settings.l2_timeout_s,
-            timeout_per_key_s=settings.l2_timeout_per_key_us * 1e-6,
-            write_delay_s=settings.l2_write_delay_ms / 1000,
-            write_batch_rows=settings.l2_write_batch_rows,
-            max_inflight_writes=settings.l2_max_inflight_writes,
-            retry_backoff_s=settings.l2_retry_backoff_s,
-            ca_file=settings.redis_ca_file,
+            ttl_s=cache.l2_ttl_s,
+            timeout_s=cache.l2_timeout_s,
+            timeout_per_key_s=cache.l2_timeout_per_key_us * 1e-6,
+            write_delay_s=cache.l2_write_delay_ms / 1000,
+            write_batch_rows=cache.l2_write_batch_rows,
+            max_inflight_writes=cache.l2_max_inflight_writes,
+            retry_backoff_s=cache.l2_retry_backoff_s,
+            script_pause_s=cache.l2_script_pause_s,
+            ca_file=redis.redis_ca_file,
         )
     store = TieredFeatureStore(l1, l2, origin)
     if graph is not None:

@@ -1,4 +1,5 @@
-"""BentoML's TimeoutMiddleware, patched: no timer outlives its request, the timeout still 504s."""
+"""BentoML's traffic middlewares, patched: no timer outlives its request, the timeout still 504s,
+an overload is a 503 with Retry-After; both refusals in the one error shape."""
 
 import asyncio
 import os
@@ -6,16 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import json
+
 import pytest
 
-from common.bento import timeout_fix as bentoml_timeout_fix
+from common.bento import traffic
+from common.errors import ErrorBody
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _middleware(app, timeout):
-    assert bentoml_timeout_fix.install()
-    return bentoml_timeout_fix.middleware_class()(app, timeout=timeout)
+    assert traffic.install()
+    return traffic.middleware_classes()[0](app, timeout=timeout)
 
 
 async def _fast_app(scope, receive, send):
@@ -53,15 +57,37 @@ def test_a_request_that_does_not_answer_in_time_gets_504():
     live, sent = _run(_middleware(_silent_app, timeout=0.01), 1)
     assert live == []
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
+    body = ErrorBody.model_validate_json(sent[-1]["body"])
+    assert (body.status, body.type) == (504, "timeout")
+
+
+def test_a_request_over_the_concurrency_limit_gets_503_with_retry_after():
+    assert traffic.install()
+    limiter = traffic.middleware_classes()[1](_silent_app, max_concurrency=1)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def go():
+        first = asyncio.ensure_future(limiter({"type": "http", "path": "/x"}, None, send))
+        await asyncio.sleep(0)  # the first holds the only slot
+        await limiter({"type": "http", "path": "/x"}, None, send)
+        first.cancel()
+
+    asyncio.run(go())
+    start, body = sent
+    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+    assert json.loads(body["body"])["type"] == "overloaded"
 
 
 @pytest.mark.parametrize("module", ["services.gateway", "runners.feature.service", "runners.graphsage.service",
                                     "bench.suite.trivial_services"])
-def test_every_service_module_installs_the_fix(module):
+def test_every_service_module_installs_the_patches(module):
     """Importing a service module (what a BentoML worker does first) patches the middleware."""
-    code = (f"import {module}; from common.bento.timeout_fix import middleware_class; "
-            "print(middleware_class().__call__.__module__)")
+    code = (f"import {module}; from common.bento.traffic import middleware_classes; "
+            "print(*(c.__call__.__module__ for c in middleware_classes()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "BENTOML_DO_NOT_TRACK": "true"})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "common.bento.timeout_fix"
+    assert out.stdout.strip().splitlines()[-1] == "common.bento.traffic common.bento.traffic"
