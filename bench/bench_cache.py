@@ -29,15 +29,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runners.feature.cache import L1Cache, OriginLevel, RedisFeatureLevel, TieredFeatureStore  # noqa: E402
-from runners.feature.cache.resp import pack_command  # noqa: E402
-from harness.redis_servers import RedisCluster3, RedisServer  # noqa: E402
+from harness.redis_servers import RedisCluster3, RedisServer
+from runners.feature.cache import L1Cache, OriginLevel, RedisFeatureLevel, TieredFeatureStore
+from runners.feature.cache.resp import pack_command
 
 
 def summary(name: str, seconds: list[float]) -> str:
     us = np.asarray(seconds) * 1e6
-    return (f"{name:<28} p50 {np.percentile(us, 50):8.1f} us   p99 {np.percentile(us, 99):8.1f} us"
-            f"   mean {us.mean():8.1f} us")
+    return (
+        f"{name:<28} p50 {np.percentile(us, 50):8.1f} us   p99 {np.percentile(us, 99):8.1f} us"
+        f"   mean {us.mean():8.1f} us"
+    )
 
 
 def time_sync(fn: Callable[[], object], iters: int) -> list[float]:
@@ -62,10 +64,8 @@ async def time_async(fn: Callable[[], Awaitable[object]], iters: int) -> list[fl
     return out
 
 
-async def bench_l2(url: str, label: str, feats: np.ndarray, id_sets: list[np.ndarray],
-                   iters: int) -> list[str]:
-    l2 = RedisFeatureLevel.from_url(url, "bench", feats.shape[1], ttl_s=600, timeout_s=1.0,
-                                    retry_backoff_s=1.0)
+async def bench_l2(url: str, label: str, feats: np.ndarray, id_sets: list[np.ndarray], iters: int) -> list[str]:
+    l2 = RedisFeatureLevel.from_url(url, "bench", feats.shape[1], ttl_s=600, timeout_s=1.0, retry_backoff_s=1.0)
     for ids in id_sets:
         await l2.put(ids, feats[ids])
     it = iter(range(10**9))
@@ -76,20 +76,24 @@ async def bench_l2(url: str, label: str, feats: np.ndarray, id_sets: list[np.nda
     lines = []
     if not l2.cluster:
         keys = [l2._keys(ids) for ids in id_sets]
-        lines.append(summary(f"L2 MGET, redis-py [{label}]",
-                             await time_async(lambda: l2._client.mget(keys[next(it) % len(keys)]),
-                                              iters)))
+        lines.append(
+            summary(
+                f"L2 MGET, redis-py [{label}]",
+                await time_async(lambda: l2._client.mget(keys[next(it) % len(keys)]), iters),
+            )
+        )
         packed = [pack_command(b"MGET", *k) for k in keys]
-        lines.append(summary(f"L2 MGET, lean conn [{label}]",
-                             await time_async(lambda: l2._reads.execute(packed[next(it) % len(packed)]),
-                                              iters)))
+        lines.append(
+            summary(
+                f"L2 MGET, lean conn [{label}]",
+                await time_async(lambda: l2._reads.execute(packed[next(it) % len(packed)]), iters),
+            )
+        )
     lines.append(summary(f"L2 get [{label}]", await time_async(lambda: l2.get(next_ids()), iters)))
     ids0 = id_sets[0]
-    lines.append(summary(f"L2 put [{label}]",
-                         await time_async(lambda: l2.put(ids0, feats[ids0]), max(50, iters // 5))))
+    lines.append(summary(f"L2 put [{label}]", await time_async(lambda: l2.put(ids0, feats[ids0]), max(50, iters // 5))))
     store = TieredFeatureStore(L1Cache(0, 1, feats.shape[1]), l2, OriginLevel(feats))
-    lines.append(summary(f"fetch, L1 off [{label}]",
-                         await time_async(lambda: store.fetch(next_ids()), iters)))
+    lines.append(summary(f"fetch, L1 off [{label}]", await time_async(lambda: store.fetch(next_ids()), iters)))
     assert l2.errors == 0 and l2.fallbacks == 0, l2.stats()
     await store.close()
     return lines
@@ -110,8 +114,10 @@ def main() -> None:
         np.save(path, rng.standard_normal((args.nodes, args.dim), dtype=np.float32))
         feats = np.load(path, mmap_mode="r")
         id_sets = [rng.choice(args.nodes, args.ids, replace=False) for _ in range(32)]
-        print(f"{args.ids} ids x {args.dim} float32 ({args.ids * args.dim * 4 / 1024:.0f} KiB)"
-              f" per call, {args.nodes} nodes, {args.iters} calls, {os.cpu_count()} CPUs")
+        print(
+            f"{args.ids} ids x {args.dim} float32 ({args.ids * args.dim * 4 / 1024:.0f} KiB)"
+            f" per call, {args.nodes} nodes, {args.iters} calls, {os.cpu_count()} CPUs"
+        )
 
         l1 = L1Cache(64 << 20, 300, args.dim)
         for ids in id_sets:
@@ -119,10 +125,8 @@ def main() -> None:
         origin = OriginLevel(feats)
         it = iter(range(10**9))
         lines = [
-            summary("L1 get (all hit)",
-                    time_sync(lambda: l1.get_many(id_sets[next(it) % 32]), args.iters)),
-            summary("origin gather (mmap)",
-                    time_sync(lambda: origin.get_many(id_sets[next(it) % 32]), args.iters)),
+            summary("L1 get (all hit)", time_sync(lambda: l1.get_many(id_sets[next(it) % 32]), args.iters)),
+            summary("origin gather (mmap)", time_sync(lambda: origin.get_many(id_sets[next(it) % 32]), args.iters)),
         ]
         with RedisServer(os.path.join(tmp, "redis")) as server:
             lines += asyncio.run(bench_l2(server.url, "standalone", feats, id_sets, args.iters))

@@ -95,51 +95,88 @@ def main() -> None:
     info = ensure_store(HOME_100K, [], log)
     num_nodes, num_edges = snapshot_counts(HOME_100K)
     work = tempfile.mkdtemp(prefix="gsage-explain-bench-")
-    env = {"GSAGE_GRPC_PORT": "0", "GSAGE_REDIS_URL": "", "GSAGE_GRAPH_LOG_DIR": os.path.join(work, "update-log"),
-           "GSAGE_EXPLAIN_MAX_NODES": str(max(sizes + [16]))}
+    env = {
+        "GSAGE_GRPC_PORT": "0",
+        "GSAGE_REDIS_URL": "",
+        "GSAGE_GRAPH_LOG_DIR": os.path.join(work, "update-log"),
+        "GSAGE_EXPLAIN_MAX_NODES": str(max(sizes + [16])),
+    }
     log(f"{info['graphsage']}; {num_nodes} nodes, {num_edges} edges; sizes {sizes}; starting the app")
     app = SplitApp(HOME_100K, env, log_dir=work).start()
     url = app.gateway.url + "/predict"
     dist = make_dist(a.dist, num_nodes, a.seed)
-    pools = {(n, side): make_bodies(ids, side == "explain")
-             for n in sizes for ids in [dist.draw(n * BODIES_PER_SIZE).reshape(BODIES_PER_SIZE, n)] for side in SIDES}
+    pools = {
+        (n, side): make_bodies(ids, side == "explain")
+        for n in sizes
+        for ids in [dist.draw(n * BODIES_PER_SIZE).reshape(BODIES_PER_SIZE, n)]
+        for side in SIDES
+    }
     load_before = os.getloadavg()
     try:
         trees = {n: trees_per_node(url, pools[(n, "explain")]) for n in sizes}
         for n in sizes:
             for side in SIDES:
-                asyncio.run(loadgen.closed_loop(url, pools[(n, side)], a.concurrency, a.warmup,
-                                                warmup_requests=a.concurrency))
+                asyncio.run(
+                    loadgen.closed_loop(url, pools[(n, side)], a.concurrency, a.warmup, warmup_requests=a.concurrency)
+                )
         parts: dict[tuple[int, str], list[loadgen.LoadResult]] = {k: [] for k in pools}
         cpu_s: dict[tuple[int, str], Counter] = {k: Counter() for k in pools}
         for r in range(a.rounds):
             for n in sizes:
-                for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+                for side in SIDES if r % 2 == 0 else SIDES[::-1]:
                     start = app.cpu_seconds()
-                    res = asyncio.run(loadgen.closed_loop(url, pools[(n, side)], a.concurrency, a.window,
-                                                          warmup_requests=a.concurrency, nodes_per_request=n))
+                    res = asyncio.run(
+                        loadgen.closed_loop(
+                            url,
+                            pools[(n, side)],
+                            a.concurrency,
+                            a.window,
+                            warmup_requests=a.concurrency,
+                            nodes_per_request=n,
+                        )
+                    )
                     end = app.cpu_seconds()
                     cpu_s[(n, side)].update({k: end[k] - start[k] for k in start})
                     parts[(n, side)].append(res)
                     s = res.summary()
-                    log(f"round {r + 1}/{a.rounds} {n:>3} nodes {side:7}: {s['req_per_s']:.1f} req/s, "
-                        f"P99 {s.get('p99_ms', float('nan')):.2f} ms, errors {s['error_count']}")
+                    log(
+                        f"round {r + 1}/{a.rounds} {n:>3} nodes {side:7}: {s['req_per_s']:.1f} req/s, "
+                        f"P99 {s.get('p99_ms', float('nan')):.2f} ms, errors {s['error_count']}"
+                    )
     finally:
         app.stop()
     results = []
     for n in sizes:
         plain, explained = (side_summary(parts[(n, s)], cpu_s[(n, s)], n) for s in SIDES)
-        results.append({"nodes_per_request": n, "trees_per_node": round(trees[n], 2), "plain": plain,
-                        "explain": explained, "ratios": {
-                            "mean_latency": explained["mean_ms"] / plain["mean_ms"],
-                            "p99": explained["p99_ms"] / plain["p99_ms"],
-                            "throughput": explained["req_per_s"] / plain["req_per_s"],
-                            "server_cpu_per_node": explained["cpu_ms_per_node"]["server"]
-                            / plain["cpu_ms_per_node"]["server"]}})
-    out = {"config": {"model": info["graphsage"], "concurrency": a.concurrency, "dist": a.dist, "rounds": a.rounds,
-                      "window_s": a.window, "nodes": num_nodes, "edges": num_edges, "cores": os.cpu_count(),
-                      "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-           "sizes": results}
+        results.append(
+            {
+                "nodes_per_request": n,
+                "trees_per_node": round(trees[n], 2),
+                "plain": plain,
+                "explain": explained,
+                "ratios": {
+                    "mean_latency": explained["mean_ms"] / plain["mean_ms"],
+                    "p99": explained["p99_ms"] / plain["p99_ms"],
+                    "throughput": explained["req_per_s"] / plain["req_per_s"],
+                    "server_cpu_per_node": explained["cpu_ms_per_node"]["server"] / plain["cpu_ms_per_node"]["server"],
+                },
+            }
+        )
+    out = {
+        "config": {
+            "model": info["graphsage"],
+            "concurrency": a.concurrency,
+            "dist": a.dist,
+            "rounds": a.rounds,
+            "window_s": a.window,
+            "nodes": num_nodes,
+            "edges": num_edges,
+            "cores": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
+        "sizes": results,
+    }
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump(out, f, indent=2)
@@ -148,22 +185,30 @@ def main() -> None:
 
 def print_report(out: dict[str, Any]) -> None:
     c = out["config"]
-    print(f"\nexplain vs plain: /predict, c={c['concurrency']}, {c['dist']} ids, {c['rounds']} rounds x "
-          f"{c['window_s']:.0f} s per side and size; {c['model']}; {c['cores']} cores, "
-          f"load {c['load_avg_before'][0]:.2f} -> {c['load_avg_after'][0]:.2f}")
-    print(f"{'nodes':>5} {'side':8}{'req/s':>8}{'P50 ms':>9}{'P99 ms':>9}{'ms/node':>9}"
-          f"{'CPU ms/node: gateway':>22}{'feature':>9}{'model':>9}{'all':>9}")
+    print(
+        f"\nexplain vs plain: /predict, c={c['concurrency']}, {c['dist']} ids, {c['rounds']} rounds x "
+        f"{c['window_s']:.0f} s per side and size; {c['model']}; {c['cores']} cores, "
+        f"load {c['load_avg_before'][0]:.2f} -> {c['load_avg_after'][0]:.2f}"
+    )
+    print(
+        f"{'nodes':>5} {'side':8}{'req/s':>8}{'P50 ms':>9}{'P99 ms':>9}{'ms/node':>9}"
+        f"{'CPU ms/node: gateway':>22}{'feature':>9}{'model':>9}{'all':>9}"
+    )
     for row in out["sizes"]:
         for side in SIDES:
             s = row[side]
             cpu_ms = s["cpu_ms_per_node"]
-            print(f"{row['nodes_per_request']:>5} {side:8}{s['req_per_s']:8.1f}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}"
-                  f"{s['mean_ms_per_node']:9.3f}{cpu_ms['gateway']:22.3f}{cpu_ms['feature']:9.3f}"
-                  f"{cpu_ms['model']:9.3f}{cpu_ms['server']:9.3f}")
+            print(
+                f"{row['nodes_per_request']:>5} {side:8}{s['req_per_s']:8.1f}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}"
+                f"{s['mean_ms_per_node']:9.3f}{cpu_ms['gateway']:22.3f}{cpu_ms['feature']:9.3f}"
+                f"{cpu_ms['model']:9.3f}{cpu_ms['server']:9.3f}"
+            )
         r = row["ratios"]
-        print(f"{'':6}explain/plain: mean latency {r['mean_latency']:.2f}x, P99 {r['p99']:.2f}x, throughput "
-              f"{r['throughput']:.2f}x, server CPU per node {r['server_cpu_per_node']:.2f}x; "
-              f"{row['trees_per_node']} trees per node in the forward pass")
+        print(
+            f"{'':6}explain/plain: mean latency {r['mean_latency']:.2f}x, P99 {r['p99']:.2f}x, throughput "
+            f"{r['throughput']:.2f}x, server CPU per node {r['server_cpu_per_node']:.2f}x; "
+            f"{row['trees_per_node']} trees per node in the forward pass"
+        )
 
 
 if __name__ == "__main__":

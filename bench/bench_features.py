@@ -51,15 +51,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.workload import Uniform, Zipf  # noqa: E402
-from runners.feature.cache.tiered import build_feature_store  # noqa: E402
-from common.settings import Settings  # noqa: E402
-from common.feature_tensor import encode, padded_nbytes  # noqa: E402
+from common.feature_tensor import encode, padded_nbytes
+from common.settings import Settings
+from harness.redis_servers import RedisServer, redis_available
+from harness.workload import Uniform, Zipf
+from runners.feature.cache.tiered import build_feature_store
+from runners.feature.neighbourhood import NeighbourhoodBuilder
+from runners.feature.sampling import sample_tree
 from runners.feature.tree_layout import compact
-from runners.feature.neighbourhood import NeighbourhoodBuilder  # noqa: E402
-from runners.feature.sampling import sample_tree  # noqa: E402
-from harness.redis_servers import RedisServer, redis_available  # noqa: E402
-from training_export.synthetic import SyntheticGraphSpec, generate  # noqa: E402
+from training_export.synthetic import SyntheticGraphSpec, generate
 
 FANOUT = (25, 10)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "feature_bench.json")
@@ -67,8 +67,12 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "f
 
 def pct(seconds: list[float] | np.ndarray) -> dict[str, float]:
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "n": int(ms.size)}
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "n": int(ms.size),
+    }
 
 
 def level_ratios(store, before: dict) -> dict[str, float]:
@@ -77,8 +81,12 @@ def level_ratios(store, before: dict) -> dict[str, float]:
     l1_hits = now["l1"]["hits"] - before["l1"]["hits"]
     lookups = l1_hits + now["l1"]["misses"] - before["l1"]["misses"]
     l2_hits = (now["l2"]["hits"] - before["l2"]["hits"]) if "l2" in now else 0
-    return {"lookups": int(lookups), "l1": l1_hits / max(lookups, 1), "l2": l2_hits / max(lookups, 1),
-            "combined": (l1_hits + l2_hits) / max(lookups, 1)}
+    return {
+        "lookups": int(lookups),
+        "l1": l1_hits / max(lookups, 1),
+        "l2": l2_hits / max(lookups, 1),
+        "combined": (l1_hits + l2_hits) / max(lookups, 1),
+    }
 
 
 class Bench:
@@ -92,10 +100,15 @@ class Bench:
         self.results: dict = {}
         self.stores = []
 
-    def builder(self, l1_bytes: int, redis: bool, version: str = "bench",
-                admit_min_uses: int = Settings.l1_admit_min_uses) -> NeighbourhoodBuilder:
-        cfg = Settings(l1_bytes=l1_bytes, redis_url=self.redis_url if redis else "", l2_timeout_s=1.0,
-                       l1_admit_min_uses=admit_min_uses)
+    def builder(
+        self, l1_bytes: int, redis: bool, version: str = "bench", admit_min_uses: int = Settings.l1_admit_min_uses
+    ) -> NeighbourhoodBuilder:
+        cfg = Settings(
+            l1_bytes=l1_bytes,
+            redis_url=self.redis_url if redis else "",
+            l2_timeout_s=1.0,
+            l1_admit_min_uses=admit_min_uses,
+        )
         store = build_feature_store(cfg.feature_cache, cfg.redis, self.graph.features, f"graph-snapshot:{version}")
         self.stores.append(store)
         return NeighbourhoodBuilder(self.graph, store, FANOUT, max_nodes=1024)
@@ -109,8 +122,9 @@ class Bench:
         (ft,) = await b.build([request])
         return len(encode(ft))
 
-    async def single_latency(self, b: NeighbourhoodBuilder, nodes: np.ndarray,
-                             before_each: Callable | None = None) -> dict:
+    async def single_latency(
+        self, b: NeighbourhoodBuilder, nodes: np.ndarray, before_each: Callable | None = None
+    ) -> dict:
         times, stages = [], {"sample": [], "fetch": [], "assemble": []}
         for node in nodes.tolist():
             if before_each is not None:
@@ -131,11 +145,18 @@ class Bench:
         n_lat = a.latency_requests
         l1_10 = self.feature_bytes // 10
         res = self.results
-        res["config"] = {"nodes": self.graph.num_nodes, "edges": self.graph.num_edges,
-                         "feature_dim": self.graph.feature_dim, "feature_bytes": self.feature_bytes,
-                         "l1_bytes_10pct": l1_10, "fanout": list(FANOUT), "zipf_exponent": 1.0,
-                         "redis": bool(self.redis_url), "quick": a.quick,
-                         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}"}
+        res["config"] = {
+            "nodes": self.graph.num_nodes,
+            "edges": self.graph.num_edges,
+            "feature_dim": self.graph.feature_dim,
+            "feature_bytes": self.feature_bytes,
+            "l1_bytes_10pct": l1_10,
+            "fanout": list(FANOUT),
+            "zipf_exponent": 1.0,
+            "redis": bool(self.redis_url),
+            "quick": a.quick,
+            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}",
+        }
         lat = res["single_target"] = {}
 
         # (a) L1 at 10% of the features, warmed by the Zipf stream; misses from the origin.
@@ -183,8 +204,12 @@ class Bench:
 
         # Hit ratios over a Zipf stream: L1 10%, Redis on, write-back on miss; from a cold start,
         # and with the service's start-up warming (GSAGE_WARM_NODES: the highest-degree nodes).
-        hits = res["hit_ratio_stream"] = {"requests": a.stream_requests, "l1_bytes": l1_10,
-                                          "redis": bool(self.redis_url), "warm_nodes": a.warm_nodes}
+        hits = res["hit_ratio_stream"] = {
+            "requests": a.stream_requests,
+            "l1_bytes": l1_10,
+            "redis": bool(self.redis_url),
+            "warm_nodes": a.warm_nodes,
+        }
         for start in ("cold", "warmed"):
             b = self.builder(l1_10, redis=bool(self.redis_url), version=f"bench-stream-{start}")
             if start == "warmed":
@@ -219,10 +244,12 @@ class Bench:
                 await self.batch(b, self.zipf.draw(256))
                 times.append(time.perf_counter() - t)
                 distinct.append(b.last.distinct_nodes)
-            thr[name] = {**pct(times), "targets_per_s": 256 / float(np.mean(times)),
-                         "distinct_nodes_per_batch": float(np.mean(distinct)),
-                         "hit_ratio": level_ratios(b.store, before)}
-
+            thr[name] = {
+                **pct(times),
+                "targets_per_s": 256 / float(np.mean(times)),
+                "distinct_nodes_per_batch": float(np.mean(distinct)),
+                "hit_ratio": level_ratios(b.store, before),
+            }
 
     async def l1_policy(self, l1_bytes: int) -> dict:
         """Plain LRU against LRU behind the admission filter (``l1_admit_min_uses``), L1 at 10%, no
@@ -232,8 +259,11 @@ class Bench:
         policies = (0, 2, 3, 4)
         for dist in ("zipf", "uniform"):
             targets = (self.zipf if dist == "zipf" else Uniform(self.graph.num_nodes, seed=a.seed)).draw(
-                a.warm_requests + a.stream_requests)
-            builders = {k: self.builder(l1_bytes, redis=False, version=f"policy-{k}", admit_min_uses=k) for k in policies}
+                a.warm_requests + a.stream_requests
+            )
+            builders = {
+                k: self.builder(l1_bytes, redis=False, version=f"policy-{k}", admit_min_uses=k) for k in policies
+            }
             seeds = [self.next_seed() for _ in range(targets.size)]
             before, times = {}, {k: [] for k in policies}
             for start in range(0, targets.size, 200):
@@ -241,7 +271,7 @@ class Bench:
                     if start == a.warm_requests:
                         b.store._drain_fills()
                         before[k] = b.store.l1.stats()
-                    for node, seed in zip(targets[start:start + 200].tolist(), seeds[start:start + 200]):
+                    for node, seed in zip(targets[start : start + 200].tolist(), seeds[start : start + 200]):
                         t = time.perf_counter()
                         await b.build([b.validate([node], None, seed, "float32")])
                         if start >= a.warm_requests:
@@ -252,9 +282,13 @@ class Bench:
                 after = b.store.l1.stats()
                 d = {c: after[c] - before[k][c] for c in ("hits", "misses", "inserts", "rejected")}
                 n = len(times[k])
-                out[dist][f"admit_{k}"] = {**pct(times[k]), "hit_ratio": d["hits"] / max(d["hits"] + d["misses"], 1),
-                                           "inserts_per_request": d["inserts"] / n, "rejected_per_request": d["rejected"] / n,
-                                           "fill_ms_per_request": b.store.fill_seconds * 1e3 / (a.warm_requests + n)}
+                out[dist][f"admit_{k}"] = {
+                    **pct(times[k]),
+                    "hit_ratio": d["hits"] / max(d["hits"] + d["misses"], 1),
+                    "inserts_per_request": d["inserts"] / n,
+                    "rejected_per_request": d["rejected"] / n,
+                    "fill_ms_per_request": b.store.fill_seconds * 1e3 / (a.warm_requests + n),
+                }
         return out
 
     async def batch(self, b: NeighbourhoodBuilder, nodes: np.ndarray) -> int:
@@ -270,9 +304,12 @@ class Bench:
         from torch_geometric.utils import k_hop_subgraph
 
         a, g = self.args, self.graph
-        out: dict = {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
-                     "with_pyg_lib": bool(torch_geometric.typing.WITH_PYG_LIB),
-                     "with_torch_sparse": bool(torch_geometric.typing.WITH_TORCH_SPARSE)}
+        out: dict = {
+            "torch": torch.__version__,
+            "torch_geometric": torch_geometric.__version__,
+            "with_pyg_lib": bool(torch_geometric.typing.WITH_PYG_LIB),
+            "with_torch_sparse": bool(torch_geometric.typing.WITH_TORCH_SPARSE),
+        }
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         indptr = torch.from_numpy(np.asarray(g.indptr, dtype=np.int64))
         indices = torch.from_numpy(np.asarray(g.indices, dtype=np.int64))
@@ -336,8 +373,9 @@ class Bench:
         naive_sample_only = time_it(lambda ids: naive(ids)[0], batches)
         khop_reps = batches[: max(2, a.khop_batches)]
         edge_index = torch.stack([torch.repeat_interleave(torch.arange(g.num_nodes), indptr.diff()), indices])
-        khop = time_it(lambda ids: k_hop_subgraph(torch.from_numpy(ids), 2, edge_index,
-                                                  num_nodes=g.num_nodes), khop_reps)
+        khop = time_it(
+            lambda ids: k_hop_subgraph(torch.from_numpy(ids), 2, edge_index, num_nodes=g.num_nodes), khop_reps
+        )
         out["per_256_batch"] = {
             "ours_sample_tree": pct(ours),
             "ours_build_encode_l1_hits": pct(full),
@@ -370,22 +408,33 @@ class Bench:
                 (ft,) = asyncio.run(b.build([b.validate(ids.tolist(), None, seed)]))
                 enc += len(encode(ft))
             n = reps * batch
-            out[str(batch)] = {"padded_f32": padded / n, "dedup_f32": dedup32 / n, "dedup_f16": dedup16 / n,
-                               "encoded_dedup_f32": enc / n, "padded_over_dedup_f32": padded / dedup32}
+            out[str(batch)] = {
+                "padded_f32": padded / n,
+                "dedup_f32": dedup32 / n,
+                "dedup_f16": dedup16 / n,
+                "encoded_dedup_f32": enc / n,
+                "padded_over_dedup_f32": padded / dedup32,
+            }
         return out
 
 
 def print_table(res: dict) -> None:
     c = res["config"]
-    print(f"\nFeatureRunner in-process bench: {c['nodes']:,} nodes / {c['edges']:,} edges, "
-          f"F={c['feature_dim']}, fanout {c['fanout']}, Zipf(1.0) ids, {c['machine']}")
+    print(
+        f"\nFeatureRunner in-process bench: {c['nodes']:,} nodes / {c['edges']:,} edges, "
+        f"F={c['feature_dim']}, fanout {c['fanout']}, Zipf(1.0) ids, {c['machine']}"
+    )
     print(f"L1 10% of features = {c['l1_bytes_10pct'] / 2**20:.1f} MiB = {c['l1_rows_10pct']:,} rows")
-    print("\nsingle-target request (validate + build + encode)      p50 ms   p99 ms   sample/fetch/assemble p50 ms   hit")
-    names = {"a_l1_10pct_warm": "(a)  L1 10%, warm, no Redis (miss->origin)",
-             "a2_l1_all_hits": "(a') L1 holds all (100% L1)",
-             "b_l2_redis": "(b)  L1 off, L2 Redis warm",
-             "c_origin": "(c)  L1 off, no Redis: origin",
-             "c2_l2_miss_origin": "(c') L1 off, L2 miss -> origin + write-back"}
+    print(
+        "\nsingle-target request (validate + build + encode)      p50 ms   p99 ms   sample/fetch/assemble p50 ms   hit"
+    )
+    names = {
+        "a_l1_10pct_warm": "(a)  L1 10%, warm, no Redis (miss->origin)",
+        "a2_l1_all_hits": "(a') L1 holds all (100% L1)",
+        "b_l2_redis": "(b)  L1 off, L2 Redis warm",
+        "c_origin": "(c)  L1 off, no Redis: origin",
+        "c2_l2_miss_origin": "(c') L1 off, L2 miss -> origin + write-back",
+    }
     for key, label in names.items():
         r = res["single_target"].get(key)
         if r is None:
@@ -393,11 +442,15 @@ def print_table(res: dict) -> None:
         s = r["stage_p50_ms"]
         hr = r.get("hit_ratio")
         hit = f"L1 {hr['l1']:.0%} L2 {hr['l2']:.0%}" if hr else ""
-        print(f"  {label:<50} {r['p50_ms']:7.3f}  {r['p99_ms']:7.3f}   "
-              f"{s['sample']:.3f}/{s['fetch']:.3f}/{s['assemble']:.3f}{'':12}{hit}")
+        print(
+            f"  {label:<50} {r['p50_ms']:7.3f}  {r['p99_ms']:7.3f}   "
+            f"{s['sample']:.3f}/{s['fetch']:.3f}/{s['assemble']:.3f}{'':12}{hit}"
+        )
     h = res["hit_ratio_stream"]
-    print(f"\nhit ratio per lookup, {h['requests']:,} single-target Zipf requests in 4 windows, L1 10%, "
-          f"Redis {'on' if h['redis'] else 'OFF'}, write-back on miss")
+    print(
+        f"\nhit ratio per lookup, {h['requests']:,} single-target Zipf requests in 4 windows, L1 10%, "
+        f"Redis {'on' if h['redis'] else 'OFF'}, write-back on miss"
+    )
     for start, label in (("cold", "cold start"), ("warmed", f"warm top-{h['warm_nodes']:,}-degree")):
         cells = "  ".join(f"{q} {r['combined']:6.1%} (L1 {r['l1']:4.0%})" for q, r in h[start].items())
         print(f"  {label:<22} combined: {cells}")
@@ -407,27 +460,37 @@ def print_table(res: dict) -> None:
         for name, r in rows.items():
             k = int(name.split("_")[1])
             label = "off (plain LRU)" if k == 0 else f">= {k} uses"
-            print(f"  {dist:<8} {label:<18} {r['hit_ratio']:8.1%}  {r['inserts_per_request']:11.1f}  "
-                  f"{r['rejected_per_request']:12.1f}  {r['fill_ms_per_request']:11.3f}   {r['p50_ms']:10.3f}  {r['p99_ms']:6.3f}")
+            print(
+                f"  {dist:<8} {label:<18} {r['hit_ratio']:8.1%}  {r['inserts_per_request']:11.1f}  "
+                f"{r['rejected_per_request']:12.1f}  {r['fill_ms_per_request']:11.3f}   {r['p50_ms']:10.3f}  {r['p99_ms']:6.3f}"
+            )
     print("\nthroughput, 256 single-target requests merged per build (+256 encodes)")
     for name, r in res["throughput_256"].items():
         hr = r["hit_ratio"]
-        print(f"  {name:<16} {r['targets_per_s']:9,.0f} targets/s   batch p50 {r['p50_ms']:.2f} ms "
-              f"p99 {r['p99_ms']:.2f} ms   {r['distinct_nodes_per_batch']:,.0f} distinct nodes/batch   "
-              f"L1 {hr['l1']:.1%} L2 {hr['l2']:.1%}")
+        print(
+            f"  {name:<16} {r['targets_per_s']:9,.0f} targets/s   batch p50 {r['p50_ms']:.2f} ms "
+            f"p99 {r['p99_ms']:.2f} ms   {r['distinct_nodes_per_batch']:,.0f} distinct nodes/batch   "
+            f"L1 {hr['l1']:.1%} L2 {hr['l2']:.1%}"
+        )
     p = res["pyg_comparison"]
     ns = p["pyg_neighbor_sampler"]
-    print(f"\nPyG comparison per 256-target batch (torch {p['torch']}, PyG {p['torch_geometric']}, "
-          f"pyg-lib {p['with_pyg_lib']}, torch-sparse {p['with_torch_sparse']})")
+    print(
+        f"\nPyG comparison per 256-target batch (torch {p['torch']}, PyG {p['torch_geometric']}, "
+        f"pyg-lib {p['with_pyg_lib']}, torch-sparse {p['with_torch_sparse']})"
+    )
     print(f"  PyG NeighborSampler: {'runs' if ns['runs'] else 'does not run: ' + ns['error']}")
     for key, r in p["per_256_batch"].items():
         print(f"  {key:<38} p50 {r['p50_ms']:8.2f} ms   p99 {r['p99_ms']:8.2f} ms")
-    print(f"  naive/ours sampling x{p['ratio_naive_over_ours_sampling']:.1f};   "
-          f"naive sample+gather / ours build+encode x{p['ratio_naive_gather_over_ours_build']:.1f}")
+    print(
+        f"  naive/ours sampling x{p['ratio_naive_over_ours_sampling']:.1f};   "
+        f"naive sample+gather / ours build+encode x{p['ratio_naive_gather_over_ours_build']:.1f}"
+    )
     print("\nlayout, bytes per target ([25,10] tree)   padded f32   dedup f32   dedup f16   encoded f32   padded/dedup")
     for batch, r in res["layout"].items():
-        print(f"  batch {batch:>4}{'':29} {r['padded_f32']:10,.0f}  {r['dedup_f32']:10,.0f}  {r['dedup_f16']:10,.0f}"
-              f"  {r['encoded_dedup_f32']:11,.0f}   x{r['padded_over_dedup_f32']:.1f}")
+        print(
+            f"  batch {batch:>4}{'':29} {r['padded_f32']:10,.0f}  {r['dedup_f32']:10,.0f}  {r['dedup_f16']:10,.0f}"
+            f"  {r['encoded_dedup_f32']:11,.0f}   x{r['padded_over_dedup_f32']:.1f}"
+        )
 
 
 def main() -> None:

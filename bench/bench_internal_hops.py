@@ -47,14 +47,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.bento.launch import START_HTTP_SERVER  # noqa: E402
-from harness.ports import HOST, free_port  # noqa: E402
+from common.bento.launch import START_HTTP_SERVER
+from harness.ports import HOST, free_port
 
 TOKEN = "x" * 24
 OCTET = "application/octet-stream"
@@ -68,6 +68,7 @@ KEEP_ALIVE_S = 60
 
 
 # -- the server (its own process) ---------------------------------------------------------------
+
 
 def server_app() -> Callable[..., Awaitable[None]]:
     """``/infer`` echoes the body, ``/load`` answers JSON, ``/stats`` says what was received."""
@@ -89,8 +90,13 @@ def server_app() -> Callable[..., Awaitable[None]]:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         path = scope["path"]
         if path == "/stats":
-            answer = orjson.dumps({"connections": len(seen_clients), "requests": requests[0],
-                                   "headers": [(k.decode(), v.decode()) for k, v in last_headers]})
+            answer = orjson.dumps(
+                {
+                    "connections": len(seen_clients),
+                    "requests": requests[0],
+                    "headers": [(k.decode(), v.decode()) for k, v in last_headers],
+                }
+            )
             media = JSON
         else:
             body = await read_body(receive)
@@ -98,13 +104,18 @@ def server_app() -> Callable[..., Awaitable[None]]:
             seen_clients.add(tuple(scope["client"]))
             last_headers[:] = scope["headers"]
             if path == "/infer":  # the body's first 4 bytes: how much of it to answer
-                answer, media = body[:int.from_bytes(body[:4], "little")], OCTET
+                answer, media = body[: int.from_bytes(body[:4], "little")], OCTET
             elif path == "/load":
                 answer, media = load_answer, JSON
             else:
                 answer, media = b'{"error":"not found"}', JSON
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(answer))]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(answer))],
+            }
+        )
         await send({"type": "http.response.body", "body": answer})
 
     return app
@@ -136,8 +147,15 @@ def serve(spec: str) -> None:
         sock.bind((HOST, port))
         sockets.append(sock)
     # As a BentoML worker runs uvicorn: uvloop and httptools when installed, no server header.
-    config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, server_header=False,
-                            lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     uvicorn.Server(config).run(sockets=sockets)
 
 
@@ -176,7 +194,14 @@ class BentoServers:
     """``--server bentoml``: the echo as a real BentoML service (``start-http-server``, one process
     tree each), one bare and one behind ``ServiceGuard``; each side calls the one it needs."""
 
-    START = [*START_HTTP_SERVER, "bench.bench_internal_hops:EchoRunner", "--service-name", "EchoRunner", "--host", HOST]
+    START: ClassVar[list[str]] = [
+        *START_HTTP_SERVER,
+        "bench.bench_internal_hops:EchoRunner",
+        "--service-name",
+        "EchoRunner",
+        "--host",
+        HOST,
+    ]
 
     def __init__(self, sides: list[Side]) -> None:
         import tempfile
@@ -188,12 +213,19 @@ class BentoServers:
         self.ports = {guarded: free_port() for guarded in sorted({side.guarded for side in sides})}
         self.procs = []
         for guarded, port in self.ports.items():
-            env = {**os.environ, "BENTOML_HOME": self.home, "BENTOML_DO_NOT_TRACK": "true",
-                   "TMPDIR": self.home, "BENCH_IHOPS_GUARD": str(int(guarded))}  # its temporary files go with it
+            env = {
+                **os.environ,
+                "BENTOML_HOME": self.home,
+                "BENTOML_DO_NOT_TRACK": "true",
+                "TMPDIR": self.home,
+                "BENCH_IHOPS_GUARD": str(int(guarded)),
+            }  # its temporary files go with it
             cmd = [*self.START, "--port", str(port), "--timeout-keep-alive", str(KEEP_ALIVE_S)]
-            self.procs.append(subprocess.Popen(cmd, cwd=root, env=env,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+                )
+            )
         deadline = time.monotonic() + 90
         waiting = dict(self.ports)
         while waiting and time.monotonic() < deadline:
@@ -274,7 +306,7 @@ def echo_service(served: bool = False) -> Any:
     class EchoRunner:
         @bentoml.api
         async def infer(self, request: BinaryBody, /) -> BinaryBody:  # served by the EndpointRouter below
-            return request[:int.from_bytes(request[:4], "little")]
+            return request[: int.from_bytes(request[:4], "little")]
 
         @bentoml.api
         async def load(self, tag: str) -> dict:
@@ -286,13 +318,14 @@ def echo_service(served: bool = False) -> Any:
 
         class EchoCore:
             async def infer(self, body: bytes) -> bytes:
-                return body[:int.from_bytes(body[:4], "little")]
+                return body[: int.from_bytes(body[:4], "little")]
 
         core = EchoCore()
         if os.environ.get("BENCH_IHOPS_GUARD") == "1":
             EchoRunner.add_asgi_middleware(ServiceGuard, tokens=ServiceTokens([TOKEN]))
-        EchoRunner.add_asgi_middleware(EndpointRouter, endpoints=[echo_endpoint()], target=lambda: core,
-                                       server_name="EchoRunner")
+        EchoRunner.add_asgi_middleware(
+            EndpointRouter, endpoints=[echo_endpoint()], target=lambda: core, server_name="EchoRunner"
+        )
     _services[served] = EchoRunner
     return EchoRunner
 
@@ -403,6 +436,7 @@ class RawSide(Side):
 
 # -- timing -------------------------------------------------------------------------------------
 
+
 class Tally:
     def __init__(self) -> None:
         self.latencies: list[float] = []
@@ -416,8 +450,10 @@ class Tally:
     def line(self, name: str, base: Tally | None) -> str:
         us = np.asarray(self.latencies) * 1e6
         p50, p99, p999 = np.percentile(us, [50, 99, 99.9])
-        text = (f"  {name:<24} mean {us.mean():7.1f}  p50 {p50:7.1f}  p99 {p99:7.1f}  p99.9 {p999:7.1f} us"
-                f"  cpu {self.cpu_us:6.1f} us/call  {len(us) / self.wall_s:6.0f}/s")
+        text = (
+            f"  {name:<24} mean {us.mean():7.1f}  p50 {p50:7.1f}  p99 {p99:7.1f}  p99.9 {p999:7.1f} us"
+            f"  cpu {self.cpu_us:6.1f} us/call  {len(us) / self.wall_s:6.0f}/s"
+        )
         if base is not None and base is not self:
             text += f"  vs proxy: mean {us.mean() - np.mean(base.latencies) * 1e6:+6.1f}, cpu {self.cpu_us - base.cpu_us:+5.1f} us"
         return text
@@ -478,8 +514,10 @@ async def client_cost(args: argparse.Namespace, server: Server | BentoServers, s
             for r in range(args.rounds):
                 for side in sides if r % 2 == 0 else reversed(sides):
                     await timed(side, body, answer_bytes, args.calls, concurrency, tallies[side.name])
-            print(f"\nPOST /infer, {request_bytes} B request, {answer_bytes} B answer, c={concurrency}: "
-                  f"{args.rounds} rounds x {args.calls} calls per side, {args.loop} client loop")
+            print(
+                f"\nPOST /infer, {request_bytes} B request, {answer_bytes} B answer, c={concurrency}: "
+                f"{args.rounds} rounds x {args.calls} calls per side, {args.loop} client loop"
+            )
             base = tallies.get(ProxySide.name)
             for side in sides:
                 print(tallies[side.name].line(side.name, base))
@@ -488,13 +526,17 @@ async def client_cost(args: argparse.Namespace, server: Server | BentoServers, s
         for side in sides:
             await side.close()
         return
-    print("\nOn the wire: what the server received (the last request's headers), how many connections "
-          "all the calls above used, TCP_NODELAY on the client's pooled sockets")
+    print(
+        "\nOn the wire: what the server received (the last request's headers), how many connections "
+        "all the calls above used, TCP_NODELAY on the client's pooled sockets"
+    )
     for side in sides:
         seen = await stats(server.url(side))
         nodelay = sorted({s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0 for s in side.sockets()})
-        print(f"  {side.name}: {seen['requests']} requests over {seen['connections']} connections, "
-              f"{len(side.sockets())} pooled now, TCP_NODELAY {nodelay}")
+        print(
+            f"  {side.name}: {seen['requests']} requests over {seen['connections']} connections, "
+            f"{len(side.sockets())} pooled now, TCP_NODELAY {nodelay}"
+        )
         print("    " + "; ".join(f"{k}: {v if k != 'authorization' else v[:7] + '...'}" for k, v in seen["headers"]))
     for side in sides:
         await side.close()
@@ -502,12 +544,15 @@ async def client_cost(args: argparse.Namespace, server: Server | BentoServers, s
 
 # -- the guard, in-process ----------------------------------------------------------------------
 
+
 def guard_cost(iters: int) -> None:
     from common.request_headers import RequestHeaders
     from common.service_auth import ServiceGuard, ServiceTokens, bearer
 
-    answer = [{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]},
-              {"type": "http.response.body", "body": b"x"}]
+    answer = [
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]},
+        {"type": "http.response.body", "body": b"x"},
+    ]
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send(answer[0])
@@ -520,10 +565,19 @@ def guard_cost(iters: int) -> None:
         return None
 
     # What HttpTransport sends, as uvicorn hands it over.
-    scope = {"type": "http", "method": "POST", "path": "/infer", "headers": [
-        (b"host", b"127.0.0.1:3001"), (b"content-type", b"application/octet-stream"),
-        (b"authorization", f"Bearer {TOKEN}".encode()), (b"accept", b"*/*"),
-        (b"accept-encoding", b"gzip, deflate"), (b"content-length", b"11264")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/infer",
+        "headers": [
+            (b"host", b"127.0.0.1:3001"),
+            (b"content-type", b"application/octet-stream"),
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (b"accept", b"*/*"),
+            (b"accept-encoding", b"gzip, deflate"),
+            (b"content-length", b"11264"),
+        ],
+    }
     tokens = ServiceTokens([TOKEN])
     current = ServiceGuard(app, tokens)
 
@@ -536,8 +590,12 @@ def guard_cost(iters: int) -> None:
         headers.body_type(("application/octet-stream",))
         tokens.accepts(bearer(headers.get("authorization")))
 
-    sides = {"bare app": app, "ServiceGuard(app)": current, "  of it: reading the headers": read_headers,
-             "  of it: media type + token": checks}
+    sides = {
+        "bare app": app,
+        "ServiceGuard(app)": current,
+        "  of it: reading the headers": read_headers,
+        "  of it: media type + token": checks,
+    }
 
     async def loop(fn: Any) -> float:
         for _ in range(1000):
@@ -550,7 +608,7 @@ def guard_cost(iters: int) -> None:
     async def measure() -> dict[str, list[float]]:
         out: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(5):
-            for name, fn in (sides.items() if r % 2 == 0 else reversed(sides.items())):
+            for name, fn in sides.items() if r % 2 == 0 else reversed(sides.items()):
                 out[name].append(await loop(fn))
         return out
 
@@ -568,14 +626,25 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=2000, help="calls per side per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--sizes", default=SIZES,
-                   help="REQUEST_BYTES:ANSWER_BYTES,... (default: an 11 KB echo; the FeatureRunner -> model "
-                        "runner hop of a single-node request: ~69 KB FeatureTensor, a 256 B answer)")
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
-                   help="the client's event loop (a BentoML worker runs uvloop)")
-    p.add_argument("--server", choices=("uvicorn", "bentoml"), default="uvicorn",
-                   help="what answers: a minimal ASGI app on uvicorn (default), or a BentoML service with the "
-                        "runners' middleware (ServiceGuard, EndpointRouter), started with start-http-server")
+    p.add_argument(
+        "--sizes",
+        default=SIZES,
+        help="REQUEST_BYTES:ANSWER_BYTES,... (default: an 11 KB echo; the FeatureRunner -> model "
+        "runner hop of a single-node request: ~69 KB FeatureTensor, a 256 B answer)",
+    )
+    p.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the client's event loop (a BentoML worker runs uvloop)",
+    )
+    p.add_argument(
+        "--server",
+        choices=("uvicorn", "bentoml"),
+        default="uvicorn",
+        help="what answers: a minimal ASGI app on uvicorn (default), or a BentoML service with the "
+        "runners' middleware (ServiceGuard, EndpointRouter), started with start-http-server",
+    )
     p.add_argument("--guard-iters", type=int, default=50_000)
     p.add_argument("--serve", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -584,8 +653,10 @@ def main() -> None:
 
     sides: list[Side] = [TransportSide(), ProxySide(), RawSide(), TransportSide(guarded=True)]
     server = Server(sides) if args.server == "uvicorn" else BentoServers(sides)
-    print(f"server: {'a minimal ASGI app on uvicorn' if args.server == 'uvicorn' else 'EchoRunner on BentoML (start-http-server)'}"
-          f", its own process{'es' if args.server == 'bentoml' else ''}")
+    print(
+        f"server: {'a minimal ASGI app on uvicorn' if args.server == 'uvicorn' else 'EchoRunner on BentoML (start-http-server)'}"
+        f", its own process{'es' if args.server == 'bentoml' else ''}"
+    )
     try:
         if args.loop == "uvloop":
             import uvloop

@@ -80,12 +80,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 try:  # the load generator and the id distributions moved to harness/ (older checkouts: bench/suite/)
-    from harness import load as loadgen  # noqa: E402
-    from harness.workload import bodies as make_bodies, make_dist  # noqa: E402
+    from harness import load as loadgen
+    from harness.workload import bodies as make_bodies
+    from harness.workload import make_dist
 except ImportError:  # pragma: no cover
-    from bench.suite import loadgen  # type: ignore[no-redef]  # noqa: E402
-    from bench.suite.workload import bodies as make_bodies, make_dist  # type: ignore[no-redef]  # noqa: E402
-from bench.suite.runner import HOME_100K, HOME_1M, ensure_store  # noqa: E402
+    from bench.suite import loadgen  # type: ignore[no-redef]
+    from bench.suite.workload import bodies as make_bodies  # type: ignore[no-redef]
+    from bench.suite.workload import make_dist
+from bench.suite.runner import HOME_1M, HOME_100K, ensure_store  # noqa: E402
 from harness.app import SplitApp  # noqa: E402
 from runners.feature.graph import LiveGraph  # noqa: E402
 from runners.feature.sampling import AdjacencyOverlay, sample_tree  # noqa: E402
@@ -106,8 +108,13 @@ def pct(seconds: Any) -> dict[str, float]:
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
     if not ms.size:
         return {"n": 0}
-    return {"n": int(ms.size), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "max_ms": float(ms.max())}
+    return {
+        "n": int(ms.size),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "max_ms": float(ms.max()),
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -121,9 +128,14 @@ def git(*args: str) -> str:
 
 def machine() -> dict[str, Any]:
     dirty = [ln[3:] for ln in git("status", "--porcelain").splitlines() if ln.strip()]
-    return {"cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "platform": platform.platform(),
-            "commit": git("rev-parse", "--short", "HEAD"), "uncommitted_files": len(dirty)}
+    return {
+        "cores": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_files": len(dirty),
+    }
 
 
 def store_snapshot_tag(home: str) -> str:
@@ -149,8 +161,9 @@ class OpStream:
     with fresh ids from ``[first_new_id, capacity)``, set_features, remove_edge of an acknowledged
     edge it added (each once)."""
 
-    def __init__(self, num_nodes: int, dim: int, first_new_id: int, capacity: int, seed: int,
-                 excluded: np.ndarray | None = None) -> None:
+    def __init__(
+        self, num_nodes: int, dim: int, first_new_id: int, capacity: int, seed: int, excluded: np.ndarray | None = None
+    ) -> None:
         self.rng = np.random.default_rng(seed)
         pool = np.ones(num_nodes, dtype=bool)
         if excluded is not None and excluded.size:
@@ -197,13 +210,24 @@ class OpStream:
                 self.edge_keys.discard((min(src, dst), max(src, dst)))
                 ops.append({"op": "remove_edge", "src": src, "dst": dst})
             elif kind == "set_features":
-                ops.append({"op": "set_features", "id": self._node(),
-                            "features": self.features[int(self.rng.integers(len(self.features)))]})
+                ops.append(
+                    {
+                        "op": "set_features",
+                        "id": self._node(),
+                        "features": self.features[int(self.rng.integers(len(self.features)))],
+                    }
+                )
             else:
                 v = self.next_id
                 self.next_id += 1
-                ops.append({"op": "add_node", "id": v, "label": int(self.rng.integers(10)),
-                            "features": self.features[int(self.rng.integers(len(self.features)))]})
+                ops.append(
+                    {
+                        "op": "add_node",
+                        "id": v,
+                        "label": int(self.rng.integers(10)),
+                        "features": self.features[int(self.rng.integers(len(self.features)))],
+                    }
+                )
                 new_ids.append(v)
             self.counts[kind] += 1
         return ops, (new_ids, new_edges)
@@ -229,7 +253,7 @@ class WriterStats:
         self.last_sequence = 0
         self.elapsed_s = 0.0
 
-    def merge(self, other: "WriterStats") -> None:
+    def merge(self, other: WriterStats) -> None:
         self.batches += other.batches
         self.ops += other.ops
         self.latencies += other.latencies
@@ -241,28 +265,38 @@ class WriterStats:
         self.elapsed_s += other.elapsed_s
 
     def summary(self) -> dict[str, Any]:
-        return {"batches": self.batches, "ops": self.ops, "elapsed_s": round(self.elapsed_s, 3),
-                "batches_per_s": self.batches / self.elapsed_s if self.elapsed_s else 0.0,
-                "ops_per_s": self.ops / self.elapsed_s if self.elapsed_s else 0.0,
-                "ack": pct(self.latencies), "errors": dict(self.errors), "first_error": self.first_error,
-                "dropped": self.dropped, "last_sequence": self.last_sequence}
+        return {
+            "batches": self.batches,
+            "ops": self.ops,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "batches_per_s": self.batches / self.elapsed_s if self.elapsed_s else 0.0,
+            "ops_per_s": self.ops / self.elapsed_s if self.elapsed_s else 0.0,
+            "ack": pct(self.latencies),
+            "errors": dict(self.errors),
+            "first_error": self.first_error,
+            "dropped": self.dropped,
+            "last_sequence": self.last_sequence,
+        }
 
 
 def session(limit: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, limit_per_host=limit),
-                                 timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
-                                 headers={"Content-Type": "application/json"})
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=limit),
+        timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
+        headers={"Content-Type": "application/json"},
+    )
 
 
-async def send_batch(s: aiohttp.ClientSession, url: str, stream: OpStream, size: int, stats: WriterStats,
-                     started: float) -> float | None:
+async def send_batch(
+    s: aiohttp.ClientSession, url: str, stream: OpStream, size: int, stats: WriterStats, started: float
+) -> float | None:
     """One batch; on success the stream learns what it added. Returns the ack's arrival time."""
     ops, pending = stream.batch(size)
     try:
         async with s.post(url, data=orjson.dumps({"ops": ops})) as r:
             body = await r.read()
             status = r.status
-    except asyncio.TimeoutError:
+    except TimeoutError:
         status, body = "exc:Timeout", b""
     except aiohttp.ClientError as exc:
         status, body = f"exc:{type(exc).__name__}", repr(exc).encode()
@@ -280,8 +314,9 @@ async def send_batch(s: aiohttp.ClientSession, url: str, stream: OpStream, size:
     return now
 
 
-async def open_writer(url: str, stream: OpStream, rate: float, size: int, duration_s: float,
-                      max_in_flight: int = 16) -> WriterStats:
+async def open_writer(
+    url: str, stream: OpStream, rate: float, size: int, duration_s: float, max_in_flight: int = 16
+) -> WriterStats:
     """Batches at ``rate``/s, evenly spaced, whatever the server does (latency from the scheduled
     start); an arrival that finds ``max_in_flight`` batches unanswered is dropped (counted)."""
     stats = WriterStats()
@@ -333,10 +368,10 @@ def probe_nodes(indptr: np.ndarray, indices: np.ndarray, count: int, seed: int) 
     probes: list[int] = []
     closure: set[int] = set()
     for v in candidates.tolist():
-        nb = np.asarray(indices[indptr[v]:indptr[v + 1]], dtype=np.int64)
+        nb = np.asarray(indices[indptr[v] : indptr[v + 1]], dtype=np.int64)
         if nb.size == 0 or deg[nb].max() > 30:
             continue
-        two = [np.asarray(indices[indptr[u]:indptr[u + 1]], dtype=np.int64) for u in nb.tolist()]
+        two = [np.asarray(indices[indptr[u] : indptr[u + 1]], dtype=np.int64) for u in nb.tolist()]
         closure.update([v, *nb.tolist(), *np.concatenate(two).tolist()])
         probes.append(v)
         if len(probes) >= count:
@@ -344,8 +379,9 @@ def probe_nodes(indptr: np.ndarray, indices: np.ndarray, count: int, seed: int) 
     return np.asarray(probes, dtype=np.int64), np.fromiter(closure, np.int64, len(closure))
 
 
-async def predict_probs(s: aiohttp.ClientSession, url: str, node: int, seed: int,
-                        min_sequence: int | None = None) -> np.ndarray | None:
+async def predict_probs(
+    s: aiohttp.ClientSession, url: str, node: int, seed: int, min_sequence: int | None = None
+) -> np.ndarray | None:
     body: dict[str, Any] = {"node_ids": [node], "seed": seed}
     if min_sequence is not None:
         body["min_sequence"] = min_sequence
@@ -354,7 +390,7 @@ async def predict_probs(s: aiohttp.ClientSession, url: str, node: int, seed: int
             body = await r.read()
             if r.status != 200:
                 return None
-    except (asyncio.TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError):
         return None
     doc = orjson.loads(body)
     if doc.get("degraded"):
@@ -362,8 +398,16 @@ async def predict_probs(s: aiohttp.ClientSession, url: str, node: int, seed: int
     return np.asarray(doc["predictions"][0]["probabilities"], dtype=np.float64)
 
 
-async def prober(base: str, probes: np.ndarray, dim: int, stop_at: float, poll_s: float, threshold: float,
-                 rng: np.random.Generator, out: dict[str, list]) -> None:
+async def prober(
+    base: str,
+    probes: np.ndarray,
+    dim: int,
+    stop_at: float,
+    poll_s: float,
+    threshold: float,
+    rng: np.random.Generator,
+    out: dict[str, list],
+) -> None:
     """Until ``stop_at``: for the next probe node, the answer before, a set_features batch, then
     polls until the answer differs (at most 5 s); afterwards a few polls that must still differ."""
     predict, update = base + "/predict", base + "/graph/updates"
@@ -381,11 +425,12 @@ async def prober(base: str, probes: np.ndarray, dim: int, stop_at: float, poll_s
             out["noise"].append(float(np.abs(before - again).max()))
             features = rng.normal(0.0, 3.0, dim).round(3).tolist()
             try:
-                async with s.post(update, data=orjson.dumps({"ops": [{"op": "set_features", "id": node,
-                                                                       "features": features}]})) as r:
+                async with s.post(
+                    update, data=orjson.dumps({"ops": [{"op": "set_features", "id": node, "features": features}]})
+                ) as r:
                     ack = await r.read()
                     status = r.status
-            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status = type(exc).__name__
             acked = time.perf_counter()
             if status != 200:
@@ -417,9 +462,15 @@ async def prober(base: str, probes: np.ndarray, dim: int, stop_at: float, poll_s
             if not seen:
                 # Not stale, or an update that does not move this answer? Read it with min_sequence.
                 ryw = await predict_probs(s, predict, node, seed, min_sequence=sequence)
-                out["missed"].append({"node": node, "sequence": sequence, "polls": polls, "largest_change": largest,
-                                      "change_with_min_sequence": None if ryw is None
-                                      else float(np.abs(ryw - before).max())})
+                out["missed"].append(
+                    {
+                        "node": node,
+                        "sequence": sequence,
+                        "polls": polls,
+                        "largest_change": largest,
+                        "change_with_min_sequence": None if ryw is None else float(np.abs(ryw - before).max()),
+                    }
+                )
                 continue
             for _ in range(3):  # once reflected, every later answer must reflect it (any worker)
                 probs = await predict_probs(s, predict, node, seed)
@@ -447,8 +498,10 @@ def tree_cpu_s(pid: int | None) -> float:
 
 
 def cpu_snapshot(app: SplitApp) -> dict[str, float]:
-    out = {name: tree_cpu_s(getattr(svc.proc, "pid", None))
-           for name, svc in (("gateway", app.gateway), ("feature", app.feature), ("model", app.model))}
+    out = {
+        name: tree_cpu_s(getattr(svc.proc, "pid", None))
+        for name, svc in (("gateway", app.gateway), ("feature", app.feature), ("model", app.model))
+    }
     t = os.times()
     out["bench"] = t.user + t.system
     m = psutil.cpu_times()
@@ -461,35 +514,50 @@ def cpu_diff(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     return {k: after[k] - before[k] for k in before}
 
 
-async def serving_section(a: argparse.Namespace, base: str, stream: OpStream, num_nodes: int,
-                          app: SplitApp) -> dict[str, Any]:
+async def serving_section(
+    a: argparse.Namespace, base: str, stream: OpStream, num_nodes: int, app: SplitApp
+) -> dict[str, Any]:
     url = base + "/predict"
     updates = base + "/graph/updates"
     pool = make_bodies(make_dist(a.dist, num_nodes, a.seed), 1, 4000)
     log(f"warm-up: {a.warmup:.0f} s of /predict c={a.concurrency} with the update stream")
-    await asyncio.gather(loadgen.closed_loop(url, pool, a.concurrency, a.warmup, warmup_requests=2 * a.concurrency),
-                         open_writer(updates, stream, a.rate, a.batch_size, a.warmup))
+    await asyncio.gather(
+        loadgen.closed_loop(url, pool, a.concurrency, a.warmup, warmup_requests=2 * a.concurrency),
+        open_writer(updates, stream, a.rate, a.batch_size, a.warmup),
+    )
     parts: dict[bool, list] = {True: [], False: []}
     cpu: dict[bool, Counter] = {True: Counter(), False: Counter()}
     writers: list[WriterStats] = []
     for r in range(a.rounds):
-        for with_stream in ((True, False) if r % 2 == 0 else (False, True)):
+        for with_stream in (True, False) if r % 2 == 0 else (False, True):
             before = cpu_snapshot(app)
             if with_stream:
                 res, w = await asyncio.gather(
                     loadgen.closed_loop(url, pool, a.concurrency, a.window, warmup_requests=a.concurrency),
-                    open_writer(updates, stream, a.rate, a.batch_size, a.window))
+                    open_writer(updates, stream, a.rate, a.batch_size, a.window),
+                )
                 writers.append(w)
             else:
                 res = await loadgen.closed_loop(url, pool, a.concurrency, a.window, warmup_requests=a.concurrency)
             parts[with_stream].append(res)
             cpu[with_stream].update(cpu_diff(before, cpu_snapshot(app)))
-            log(f"round {r + 1}/{a.rounds} {'with   ' if with_stream else 'without'} stream: "
+            log(
+                f"round {r + 1}/{a.rounds} {'with   ' if with_stream else 'without'} stream: "
                 f"{res.summary()['req_per_s']:.1f} req/s"
-                + (f", {writers[-1].summary()['ops_per_s']:.0f} updates/s acked" if with_stream else ""))
-    out: dict[str, Any] = {"concurrency": a.concurrency, "dist": a.dist, "rounds": a.rounds, "window_s": a.window,
-                           "stream": {"batches_per_s": a.rate, "ops_per_batch": a.batch_size,
-                                      "target_ops_per_s": a.rate * a.batch_size, "mix": dict(MIX)}}
+                + (f", {writers[-1].summary()['ops_per_s']:.0f} updates/s acked" if with_stream else "")
+            )
+    out: dict[str, Any] = {
+        "concurrency": a.concurrency,
+        "dist": a.dist,
+        "rounds": a.rounds,
+        "window_s": a.window,
+        "stream": {
+            "batches_per_s": a.rate,
+            "ops_per_batch": a.batch_size,
+            "target_ops_per_s": a.rate * a.batch_size,
+            "mix": dict(MIX),
+        },
+    }
     for side, name in ((True, "with"), (False, "without")):
         pooled = loadgen.LoadResult.pooled(parts[side]).summary()
         pooled["per_round_req_per_s"] = [round(p.summary()["req_per_s"], 1) for p in parts[side]]
@@ -504,9 +572,11 @@ async def serving_section(a: argparse.Namespace, base: str, stream: OpStream, nu
     for w in writers:
         w_all.merge(w)
     out["writer"] = w_all.summary()
-    out["ratios"] = {"throughput": ratio(out["with"]["req_per_s"], out["without"]["req_per_s"]),
-                     "p50": ratio(out["with"].get("p50_ms"), out["without"].get("p50_ms")),
-                     "p99": ratio(out["with"].get("p99_ms"), out["without"].get("p99_ms"))}
+    out["ratios"] = {
+        "throughput": ratio(out["with"]["req_per_s"], out["without"]["req_per_s"]),
+        "p50": ratio(out["with"].get("p50_ms"), out["without"].get("p50_ms")),
+        "p99": ratio(out["with"].get("p99_ms"), out["without"].get("p99_ms")),
+    }
     return out
 
 
@@ -529,44 +599,79 @@ def bucket_summary(before: dict[float, float], after: dict[float, float]) -> dic
     if not total:
         return {"observations": 0}
     cum = {("+Inf" if le == float("inf") else f"{le:g}"): round(c / total, 4) for le, c in diff.items()}
-    bound = {q: next(("+Inf" if le == float("inf") else f"{le:g}") for le, c in diff.items() if c >= q * total)
-             for q in (0.5, 0.99)}
-    return {"observations": int(total), "fraction_at_most_s": cum, "p50_at_most_s": bound[0.5],
-            "p99_at_most_s": bound[0.99]}
+    bound = {
+        q: next(("+Inf" if le == float("inf") else f"{le:g}") for le, c in diff.items() if c >= q * total)
+        for q in (0.5, 0.99)
+    }
+    return {
+        "observations": int(total),
+        "fraction_at_most_s": cum,
+        "p50_at_most_s": bound[0.5],
+        "p99_at_most_s": bound[0.99],
+    }
 
 
-async def staleness_section(a: argparse.Namespace, base: str, stream: OpStream, probes: np.ndarray, dim: int,
-                            num_nodes: int, feature_url: str) -> dict[str, Any]:
+async def staleness_section(
+    a: argparse.Namespace, base: str, stream: OpStream, probes: np.ndarray, dim: int, num_nodes: int, feature_url: str
+) -> dict[str, Any]:
     hist_before = staleness_buckets(feature_url)
-    out: dict[str, list] = {k: [] for k in ("arrival_s", "send_s", "rtt_s", "polls", "change", "noise", "missed",
-                                            "flip_back", "errors")}
+    out: dict[str, list] = {
+        k: [] for k in ("arrival_s", "send_s", "rtt_s", "polls", "change", "noise", "missed", "flip_back", "errors")
+    }
     rng = np.random.default_rng(a.seed + 7)
     stop_at = time.perf_counter() + a.staleness_seconds
     jobs = [open_writer(base + "/graph/updates", stream, a.rate, a.batch_size, a.staleness_seconds)]
     if a.staleness_c > 0:
         pool = make_bodies(make_dist(a.dist, num_nodes, a.seed + 3), 1, 4000)
-        jobs.append(loadgen.closed_loop(base + "/predict", pool, a.staleness_c, a.staleness_seconds,
-                                        warmup_requests=a.staleness_c))
+        jobs.append(
+            loadgen.closed_loop(
+                base + "/predict", pool, a.staleness_c, a.staleness_seconds, warmup_requests=a.staleness_c
+            )
+        )
     # Each prober its own probe nodes: one prober's update must not land between another's
     # "before" and its polls.
-    jobs += [prober(base, probes[j::a.probers], dim, stop_at, a.poll_ms / 1e3, a.change_threshold,
-                    np.random.default_rng(int(rng.integers(2**31))), out) for j in range(a.probers)]
+    jobs += [
+        prober(
+            base,
+            probes[j :: a.probers],
+            dim,
+            stop_at,
+            a.poll_ms / 1e3,
+            a.change_threshold,
+            np.random.default_rng(int(rng.integers(2**31))),
+            out,
+        )
+        for j in range(a.probers)
+    ]
     done = await asyncio.gather(*jobs)
     await asyncio.sleep(0.5)  # the last entries' applies
     applied = bucket_summary(hist_before, staleness_buckets(feature_url))
     writer = done[0].summary()
     load = done[1].summary() if a.staleness_c > 0 else None
     arrival = np.asarray(out["arrival_s"])
-    return {"seconds": a.staleness_seconds, "probers": a.probers, "poll_ms": a.poll_ms,
-            "change_threshold": a.change_threshold, "probe_nodes": int(probes.size), "samples": int(arrival.size),
-            "arrival": pct(arrival), "send": pct(out["send_s"]), "poll_rtt": pct(out["rtt_s"]),
-            "polls_mean": float(np.mean(out["polls"])) if out["polls"] else None,
-            "change_min": float(np.min(out["change"])) if out["change"] else None,
-            "noise_max": float(np.max(out["noise"])) if out["noise"] else None,
-            "missed_within_5s": len(out["missed"]), "missed": out["missed"][:20], "flip_backs": len(out["flip_back"]),
-            "errors": dict(Counter(out["errors"])), "writer": writer, "applied_by_workers": applied,
-            "predict_load": None if load is None else {k: load.get(k) for k in ("req_per_s", "p50_ms", "p99_ms",
-                                                                               "error_count")}}
+    return {
+        "seconds": a.staleness_seconds,
+        "probers": a.probers,
+        "poll_ms": a.poll_ms,
+        "change_threshold": a.change_threshold,
+        "probe_nodes": int(probes.size),
+        "samples": int(arrival.size),
+        "arrival": pct(arrival),
+        "send": pct(out["send_s"]),
+        "poll_rtt": pct(out["rtt_s"]),
+        "polls_mean": float(np.mean(out["polls"])) if out["polls"] else None,
+        "change_min": float(np.min(out["change"])) if out["change"] else None,
+        "noise_max": float(np.max(out["noise"])) if out["noise"] else None,
+        "missed_within_5s": len(out["missed"]),
+        "missed": out["missed"][:20],
+        "flip_backs": len(out["flip_back"]),
+        "errors": dict(Counter(out["errors"])),
+        "writer": writer,
+        "applied_by_workers": applied,
+        "predict_load": None
+        if load is None
+        else {k: load.get(k) for k in ("req_per_s", "p50_ms", "p99_ms", "error_count")},
+    }
 
 
 async def ingest_section(a: argparse.Namespace, base: str, stream: OpStream) -> list[dict[str, Any]]:
@@ -576,8 +681,10 @@ async def ingest_section(a: argparse.Namespace, base: str, stream: OpStream) -> 
         stats = await closed_writers(base + "/graph/updates", stream, writers, size, a.ingest_seconds)
         row = {"writers": writers, "ops_per_batch": size, **stats.summary()}
         rows.append(row)
-        log(f"ingest {writers} writer(s) x {size} ops/batch: {row['ops_per_s']:.0f} ops/s acked, "
-            f"{row['batches_per_s']:.1f} batches/s")
+        log(
+            f"ingest {writers} writer(s) x {size} ops/batch: {row['ops_per_s']:.0f} ops/s acked, "
+            f"{row['batches_per_s']:.1f} batches/s"
+        )
     return rows
 
 
@@ -586,7 +693,7 @@ def guarded(results: dict[str, Any], name: str, fn: Any) -> Any:
     try:
         results[name] = fn()
         return results[name]
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports what broke and measures the rest
+    except Exception as exc:
         import traceback
 
         results.setdefault("errors", {})[name] = traceback.format_exc()[-3000:]
@@ -605,12 +712,26 @@ def app_sections(a: argparse.Namespace, results: dict[str, Any], tmp: str) -> No
     n, dim = snap.num_nodes, snap.feature_dim
     probes, closure = probe_nodes(snap.indptr, snap.indices, a.probe_nodes, a.seed)
     capacity = 2 * n  # GSAGE_GRAPH_CAPACITY's default
-    env = {"GSAGE_AUTH_ENABLED": "0", "GSAGE_RATE_LIMIT_PER_S": "0", "GSAGE_REDIS_URL": "", "GSAGE_GRAPH_LOG": "file",
-           "GSAGE_GRAPH_LOG_DIR": os.path.join(tmp, "update-log"), "GSAGE_GRPC_PORT": "0",
-           "GSAGE_L1_BYTES": str(n * dim * 4 // 10), "GSAGE_FEATURE_WORKERS": str(a.feature_workers)}
-    results["app"] = {"store": HOME_100K, "snapshot": tag, "graphsage": info.get("graphsage"), "nodes": n,
-                      "edges": snap.num_edges, "env": env, "probe_nodes": int(probes.size),
-                      "excluded_from_writer": int(closure.size)}
+    env = {
+        "GSAGE_AUTH_ENABLED": "0",
+        "GSAGE_RATE_LIMIT_PER_S": "0",
+        "GSAGE_REDIS_URL": "",
+        "GSAGE_GRAPH_LOG": "file",
+        "GSAGE_GRAPH_LOG_DIR": os.path.join(tmp, "update-log"),
+        "GSAGE_GRPC_PORT": "0",
+        "GSAGE_L1_BYTES": str(n * dim * 4 // 10),
+        "GSAGE_FEATURE_WORKERS": str(a.feature_workers),
+    }
+    results["app"] = {
+        "store": HOME_100K,
+        "snapshot": tag,
+        "graphsage": info.get("graphsage"),
+        "nodes": n,
+        "edges": snap.num_edges,
+        "env": env,
+        "probe_nodes": int(probes.size),
+        "excluded_from_writer": int(closure.size),
+    }
     stream = OpStream(n, dim, n, capacity, a.seed, excluded=closure)
     logs = os.path.join(tmp, "logs")
     os.makedirs(logs, exist_ok=True)
@@ -626,14 +747,21 @@ def app_sections(a: argparse.Namespace, results: dict[str, Any], tmp: str) -> No
             guarded(results, "serving", lambda: asyncio.run(serving_section(a, base, stream, n, app)))
         if not a.skip_staleness:
             log(f"-- 2. staleness ({a.staleness_seconds:.0f} s)")
-            guarded(results, "staleness", lambda: asyncio.run(staleness_section(a, base, stream, probes, dim, n, app.feature.url)))
+            guarded(
+                results,
+                "staleness",
+                lambda: asyncio.run(staleness_section(a, base, stream, probes, dim, n, app.feature.url)),
+            )
         if not a.skip_ingest:
             log("-- 3. ingest ceiling")
             guarded(results, "ingest", lambda: asyncio.run(ingest_section(a, base, stream)))
         results["app"]["ops_sent"] = dict(stream.counts)
         guarded(results["app"], "graph_status", lambda: httpx.get(base + "/graph/status", timeout=10).json())
-        failed = [line for line in app.feature.log_tail(200_000).splitlines()
-                  if "Traceback" in line or "stops applying" in line or "Error" in line]
+        failed = [
+            line
+            for line in app.feature.log_tail(200_000).splitlines()
+            if "Traceback" in line or "stops applying" in line or "Error" in line
+        ]
         results["app"]["feature_runner_log_errors"] = failed[:20]
         if "errors" in results:
             print(app.logs()[-6000:], file=sys.stderr)
@@ -659,23 +787,28 @@ def add_edge_ops(n: int, count: int, seed: int) -> list[dict]:
 def apply_ops(graph: LiveGraph, ops: list[dict], batch: int = 10_000) -> dict[str, float]:
     validate_s = apply_s = 0.0
     for i in range(0, len(ops), batch):
-        part = ops[i:i + batch]
+        part = ops[i : i + batch]
         t = time.perf_counter()
         graph.validate(part)
         validate_s += time.perf_counter() - t
         t = time.perf_counter()
         graph.apply(part, graph.sequence + 1)
         apply_s += time.perf_counter() - t
-    return {"ops": len(ops), "batches": -(-len(ops) // batch), "validate_s": round(validate_s, 2),
-            "apply_s": round(apply_s, 2)}
+    return {
+        "ops": len(ops),
+        "batches": -(-len(ops) // batch),
+        "validate_s": round(validate_s, 2),
+        "apply_s": round(apply_s, 2),
+    }
 
 
 def sampling_section(a: argparse.Namespace, graph: LiveGraph) -> dict[str, Any]:
     base = graph.base
     indptr, indices = base.indptr, base.indices
     deg = np.diff(np.asarray(indptr))
-    same_lists = AdjacencyOverlay(np.ascontiguousarray(indptr[:-1], dtype=np.int64), deg.astype(np.int64),
-                                  np.array(indices))
+    same_lists = AdjacencyOverlay(
+        np.ascontiguousarray(indptr[:-1], dtype=np.int64), deg.astype(np.int64), np.array(indices)
+    )
     compacted = graph.materialize()  # the same graph as one CSR: what a compaction would serve
     c_indptr, c_indices = compacted.indptr, compacted.indices
     variants = {"none": None, "same_lists": same_lists, "added_edges": graph.overlay, "compacted": "csr"}
@@ -700,7 +833,7 @@ def sampling_section(a: argparse.Namespace, graph: LiveGraph) -> dict[str, Any]:
         for i, (t_, s_) in enumerate(zip(targets, seeds)):
             # One call of each in turn, the order rotating: all meet the same machine, none always first.
             got = {}
-            for k in names[i % len(names):] + names[:i % len(names)]:
+            for k in names[i % len(names) :] + names[: i % len(names)]:
                 t0 = time.perf_counter()
                 layers = sample(k, t_, s_)
                 times[k].append(time.perf_counter() - t0)
@@ -710,8 +843,11 @@ def sampling_section(a: argparse.Namespace, graph: LiveGraph) -> dict[str, Any]:
             mismatches += any(not np.array_equal(x, y) for x, y in zip(got["added_edges"], got["compacted"]))
         row: dict[str, Any] = {"targets_per_call": size, "calls": calls}
         for k in variants:
-            row[k] = {**pct(times[k]), "sampled_ids_per_target": sampled[k] / (calls * size),
-                      "us_per_sampled_id": float(np.sum(times[k])) / max(sampled[k], 1) * 1e6}
+            row[k] = {
+                **pct(times[k]),
+                "sampled_ids_per_target": sampled[k] / (calls * size),
+                "us_per_sampled_id": float(np.sum(times[k])) / max(sampled[k], 1) * 1e6,
+            }
         for k in ("same_lists", "added_edges", "compacted"):
             row[f"{k}_ratio_p50"] = ratio(row[k]["p50_ms"], row["none"]["p50_ms"])
             row[f"{k}_ratio_p99"] = ratio(row[k]["p99_ms"], row["none"]["p99_ms"])
@@ -729,7 +865,7 @@ async def write_log(log_dir: str, ops: list[dict], batch: int = 10_000) -> float
     t = time.perf_counter()
     head = await ulog.head()
     for i in range(0, len(ops), batch):
-        entry = await ulog.append(ops[i:i + batch], expected_head=head)
+        entry = await ulog.append(ops[i : i + batch], expected_head=head)
         head = entry.sequence
     return time.perf_counter() - t
 
@@ -741,8 +877,11 @@ def compaction(tag: str, graph: LiveGraph, ops: list[dict], tmp: str, name: str)
 
     t = time.perf_counter()
     snap = graph.materialize()
-    out: dict[str, Any] = {"materialize_s": round(time.perf_counter() - t, 2), "nodes": snap.num_nodes,
-                           "edges": snap.num_edges}
+    out: dict[str, Any] = {
+        "materialize_s": round(time.perf_counter() - t, 2),
+        "nodes": snap.num_nodes,
+        "edges": snap.num_edges,
+    }
     del snap
     log_dir = os.path.join(tmp, f"log-{name}")
     out["log_write_s"] = round(asyncio.run(write_log(log_dir, ops)), 2)
@@ -760,7 +899,10 @@ def one_m_snapshot(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     if a.build_1m:
         t = time.perf_counter()
         ensure_store(HOME_1M, ONE_M_ARGS, log)
-        return store_snapshot_tag(HOME_1M), {"source": f"built in {HOME_1M}", "build_s": round(time.perf_counter() - t, 1)}
+        return store_snapshot_tag(HOME_1M), {
+            "source": f"built in {HOME_1M}",
+            "build_s": round(time.perf_counter() - t, 1),
+        }
     from runners.feature.snapshot import save_snapshot
     from training_export.synthetic import SyntheticGraphSpec, generate
 
@@ -770,8 +912,11 @@ def one_m_snapshot(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     gen_s = time.perf_counter() - t
     t = time.perf_counter()
     tag = save_snapshot(snap)
-    return tag, {"source": "generated in-process, saved to a private store", "generate_s": round(gen_s, 1),
-                 "save_s": round(time.perf_counter() - t, 1)}
+    return tag, {
+        "source": "generated in-process, saved to a private store",
+        "generate_s": round(gen_s, 1),
+        "save_s": round(time.perf_counter() - t, 1),
+    }
 
 
 def inproc_sections(a: argparse.Namespace, results: dict[str, Any], tmp: str) -> None:
@@ -806,9 +951,16 @@ def one_m(a: argparse.Namespace, tmp: str) -> dict[str, Any]:
         graph.apply(batch, graph.sequence + 1)
         stream.acknowledged(pending)
         ops.extend(batch)
-    row = {"updates": len(ops), "mix": dict(stream.counts), "source": source, "snapshot": tag1m,
-           "overlay_setup_s": round(time.perf_counter() - t, 2), "overlay": graph.stats().__dict__,
-           "rejected_batches": len(rejected), "first_rejection": rejected[0] if rejected else None}
+    row = {
+        "updates": len(ops),
+        "mix": dict(stream.counts),
+        "source": source,
+        "snapshot": tag1m,
+        "overlay_setup_s": round(time.perf_counter() - t, 2),
+        "overlay": graph.stats().__dict__,
+        "rejected_batches": len(rejected),
+        "first_rejection": rejected[0] if rejected else None,
+    }
     row.update(compaction(tag1m, graph, ops, tmp, "1m"))
     return row
 
@@ -853,138 +1005,218 @@ def f(x: Any, fmt: str = "{:.1f}") -> str:
 
 def table(r: dict[str, Any]) -> str:
     m = r["machine"]
-    lines = [f"bench_live_graph  commit {m['commit']} ({m['uncommitted_files']} files uncommitted)  "
-             f"{m['cores']} cores, load avg {m['load_avg']} -> {r.get('machine_end', {}).get('load_avg')}  "
-             f"python {m['python']}{'  QUICK' if r['args']['quick'] else ''}"]
+    lines = [
+        f"bench_live_graph  commit {m['commit']} ({m['uncommitted_files']} files uncommitted)  "
+        f"{m['cores']} cores, load avg {m['load_avg']} -> {r.get('machine_end', {}).get('load_avg')}  "
+        f"python {m['python']}{'  QUICK' if r['args']['quick'] else ''}"
+    ]
     if "app" in r:
         ap = r["app"]
-        lines.append(f"app: {ap['snapshot']} ({ap['nodes']:,} nodes, {ap['edges']:,} edges), "
-                     f"{ap['env']['GSAGE_FEATURE_WORKERS']} FeatureRunner worker(s), file update log, no Redis, "
-                     f"started in {ap.get('start_s')} s")
+        lines.append(
+            f"app: {ap['snapshot']} ({ap['nodes']:,} nodes, {ap['edges']:,} edges), "
+            f"{ap['env']['GSAGE_FEATURE_WORKERS']} FeatureRunner worker(s), file update log, no Redis, "
+            f"started in {ap.get('start_s')} s"
+        )
     if "serving" in r:
         s = r["serving"]
         st = s["stream"]
-        lines += ["", f"1. serving under an update stream: single-node /predict, closed loop c={s['concurrency']}, "
-                      f"{s['dist']} ids, {s['rounds']} rounds x {s['window_s']:g} s per side (interleaved)",
-                  f"   {'':<22}{'req/s':>9}{'P50 ms':>9}{'P99 ms':>9}{'errors':>8}"]
+        lines += [
+            "",
+            f"1. serving under an update stream: single-node /predict, closed loop c={s['concurrency']}, "
+            f"{s['dist']} ids, {s['rounds']} rounds x {s['window_s']:g} s per side (interleaved)",
+            f"   {'':<22}{'req/s':>9}{'P50 ms':>9}{'P99 ms':>9}{'errors':>8}",
+        ]
         for name in ("without", "with"):
             x = s[name]
-            lines.append(f"   {name + ' stream':<22}{x['req_per_s']:>9.1f}{f(x.get('p50_ms'), '{:.2f}'):>9}"
-                         f"{f(x.get('p99_ms'), '{:.2f}'):>9}{x['error_count']:>8}")
+            lines.append(
+                f"   {name + ' stream':<22}{x['req_per_s']:>9.1f}{f(x.get('p50_ms'), '{:.2f}'):>9}"
+                f"{f(x.get('p99_ms'), '{:.2f}'):>9}{x['error_count']:>8}"
+            )
         q = s["ratios"]
-        lines.append(f"   {'ratio with/without':<22}{f(q['throughput'], '{:.3f}'):>9}{f(q['p50'], '{:.3f}'):>9}"
-                     f"{f(q['p99'], '{:.3f}'):>9}     (targets: throughput >= 0.9, P99 <= 1.2)")
-        lines.append(f"   per round req/s: with {s['with']['per_round_req_per_s']}, "
-                     f"without {s['without']['per_round_req_per_s']}")
+        lines.append(
+            f"   {'ratio with/without':<22}{f(q['throughput'], '{:.3f}'):>9}{f(q['p50'], '{:.3f}'):>9}"
+            f"{f(q['p99'], '{:.3f}'):>9}     (targets: throughput >= 0.9, P99 <= 1.2)"
+        )
+        lines.append(
+            f"   per round req/s: with {s['with']['per_round_req_per_s']}, "
+            f"without {s['without']['per_round_req_per_s']}"
+        )
         if "cores_used" in s["with"]:
             keys = ("gateway", "feature", "model", "bench", "machine_busy")
-            lines.append("   cores used (CPU s / wall s), without -> with: " + ", ".join(
-                f"{k} {s['without']['cores_used'][k]:.2f} -> {s['with']['cores_used'][k]:.2f}" for k in keys))
+            lines.append(
+                "   cores used (CPU s / wall s), without -> with: "
+                + ", ".join(
+                    f"{k} {s['without']['cores_used'][k]:.2f} -> {s['with']['cores_used'][k]:.2f}" for k in keys
+                )
+            )
         w = s["writer"]
-        lines.append(f"   stream: {st['batches_per_s']:g} batches/s x {st['ops_per_batch']} ops = "
-                     f"{st['target_ops_per_s']:g} ops/s offered; acknowledged {w['ops_per_s']:.0f} ops/s "
-                     f"({w['batches_per_s']:.1f} batches/s), ack P50 {f(w['ack'].get('p50_ms'), '{:.1f}')} ms "
-                     f"P99 {f(w['ack'].get('p99_ms'), '{:.1f}')} ms, errors {w['errors'] or 0}, dropped {w['dropped']}")
+        lines.append(
+            f"   stream: {st['batches_per_s']:g} batches/s x {st['ops_per_batch']} ops = "
+            f"{st['target_ops_per_s']:g} ops/s offered; acknowledged {w['ops_per_s']:.0f} ops/s "
+            f"({w['batches_per_s']:.1f} batches/s), ack P50 {f(w['ack'].get('p50_ms'), '{:.1f}')} ms "
+            f"P99 {f(w['ack'].get('p99_ms'), '{:.1f}')} ms, errors {w['errors'] or 0}, dropped {w['dropped']}"
+        )
     if "staleness" in r:
         s = r["staleness"]
-        lines += ["", f"2. staleness: set_features acknowledged -> first /predict (no min_sequence) that reflects it; "
-                      f"{s['samples']} samples over {s['seconds']:g} s, stream {s['writer']['ops_per_s']:.0f} ops/s acked"
-                      + (f", /predict load c={r['args']['staleness_c']} at {s['predict_load']['req_per_s']:.0f} req/s"
-                         if s["predict_load"] else ""),
-                  f"   {'':<40}{'P50 ms':>9}{'P99 ms':>9}{'max ms':>9}"]
-        for key, label in (("arrival", "ack -> reflecting answer arrives"),
-                           ("send", "ack -> reflecting request sent"),
-                           ("poll_rtt", "one poll's round trip")):
+        lines += [
+            "",
+            f"2. staleness: set_features acknowledged -> first /predict (no min_sequence) that reflects it; "
+            f"{s['samples']} samples over {s['seconds']:g} s, stream {s['writer']['ops_per_s']:.0f} ops/s acked"
+            + (
+                f", /predict load c={r['args']['staleness_c']} at {s['predict_load']['req_per_s']:.0f} req/s"
+                if s["predict_load"]
+                else ""
+            ),
+            f"   {'':<40}{'P50 ms':>9}{'P99 ms':>9}{'max ms':>9}",
+        ]
+        for key, label in (
+            ("arrival", "ack -> reflecting answer arrives"),
+            ("send", "ack -> reflecting request sent"),
+            ("poll_rtt", "one poll's round trip"),
+        ):
             x = s[key]
-            lines.append(f"   {label:<40}{f(x.get('p50_ms'), '{:.1f}'):>9}{f(x.get('p99_ms'), '{:.1f}'):>9}"
-                         f"{f(x.get('max_ms'), '{:.1f}'):>9}")
+            lines.append(
+                f"   {label:<40}{f(x.get('p50_ms'), '{:.1f}'):>9}{f(x.get('p99_ms'), '{:.1f}'):>9}"
+                f"{f(x.get('max_ms'), '{:.1f}'):>9}"
+            )
         h = s.get("applied_by_workers") or {}
         if h.get("observations"):
-            lines.append(f"   FeatureRunner histogram, ack -> applied by a worker ({h['observations']} applies, the "
-                         f"writing worker's own included): P50 <= {h['p50_at_most_s']} s, P99 <= {h['p99_at_most_s']} s; "
-                         "fraction within " + ", ".join(f"{k} s: {v:.3f}" for k, v in h["fraction_at_most_s"].items()
-                                                        if k in ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "1")))
-        lines.append(f"   (target: <= 1000 ms)  polls per sample {f(s['polls_mean'], '{:.2f}')}, "
-                     f"not reflected within 5 s: {s['missed_within_5s']}, flip-backs after reflecting: "
-                     f"{s['flip_backs']}, answer change min {f(s['change_min'], '{:.3g}')} vs noise max "
-                     f"{f(s['noise_max'], '{:.3g}')} (threshold {s['change_threshold']:g}), errors {s['errors'] or 0}")
+            lines.append(
+                f"   FeatureRunner histogram, ack -> applied by a worker ({h['observations']} applies, the "
+                f"writing worker's own included): P50 <= {h['p50_at_most_s']} s, P99 <= {h['p99_at_most_s']} s; "
+                "fraction within "
+                + ", ".join(
+                    f"{k} s: {v:.3f}"
+                    for k, v in h["fraction_at_most_s"].items()
+                    if k in ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "1")
+                )
+            )
+        lines.append(
+            f"   (target: <= 1000 ms)  polls per sample {f(s['polls_mean'], '{:.2f}')}, "
+            f"not reflected within 5 s: {s['missed_within_5s']}, flip-backs after reflecting: "
+            f"{s['flip_backs']}, answer change min {f(s['change_min'], '{:.3g}')} vs noise max "
+            f"{f(s['noise_max'], '{:.3g}')} (threshold {s['change_threshold']:g}), errors {s['errors'] or 0}"
+        )
     if "ingest" in r:
-        lines += ["", "3. ingest ceiling: closed-loop writers, same op mix, no /predict load",
-                  f"   {'writers':>7}{'ops/batch':>10}{'batches/s':>11}{'ops/s':>9}{'ack P50 ms':>12}"
-                  f"{'ack P99 ms':>12}  errors"]
+        lines += [
+            "",
+            "3. ingest ceiling: closed-loop writers, same op mix, no /predict load",
+            f"   {'writers':>7}{'ops/batch':>10}{'batches/s':>11}{'ops/s':>9}{'ack P50 ms':>12}"
+            f"{'ack P99 ms':>12}  errors",
+        ]
         for x in r["ingest"]:
-            lines.append(f"   {x['writers']:>7}{x['ops_per_batch']:>10}{x['batches_per_s']:>11.1f}{x['ops_per_s']:>9.0f}"
-                         f"{f(x['ack'].get('p50_ms'), '{:.1f}'):>12}{f(x['ack'].get('p99_ms'), '{:.1f}'):>12}"
-                         f"  {x['errors'] or 0}")
+            lines.append(
+                f"   {x['writers']:>7}{x['ops_per_batch']:>10}{x['batches_per_s']:>11.1f}{x['ops_per_s']:>9.0f}"
+                f"{f(x['ack'].get('p50_ms'), '{:.1f}'):>12}{f(x['ack'].get('p99_ms'), '{:.1f}'):>12}"
+                f"  {x['errors'] or 0}"
+            )
     if "app" in r and "graph_status" in r["app"]:
         ws = r["app"]["graph_status"].get("workers", {})
-        parts = [f"{k.rsplit('-', 1)[-1]}: applied {v.get('applied')}, lag {v.get('lag_entries')}, overlay "
-                 f"{v.get('overlay', {}).get('edges', 0):,} list entries / {v.get('overlay', {}).get('bytes', 0) / 2**20:.0f} MiB"
-                 for k, v in ws.items()]
-        lines.append(f"   /graph/status at the end: head {r['app']['graph_status'].get('log', {}).get('head')}; "
-                     + "; ".join(parts))
+        parts = [
+            f"{k.rsplit('-', 1)[-1]}: applied {v.get('applied')}, lag {v.get('lag_entries')}, overlay "
+            f"{v.get('overlay', {}).get('edges', 0):,} list entries / {v.get('overlay', {}).get('bytes', 0) / 2**20:.0f} MiB"
+            for k, v in ws.items()
+        ]
+        lines.append(
+            f"   /graph/status at the end: head {r['app']['graph_status'].get('log', {}).get('head')}; "
+            + "; ".join(parts)
+        )
     if "overlay_setup" in r:
         o = r["overlay_setup"]
         tm = o.get("timing") or {}
-        how = (f"in {tm['batches']} batches, validate {tm['validate_s']} s + apply {tm['apply_s']} s" if tm
-               else "FAILED (see errors)")
-        lines += ["", f"4. sampling in-process, fanout {list(FANOUT)}; overlay set-up: {o['ops']:,} add_edge ops {how} "
-                      f"({o['overlay']['nodes']:,} lists, {o['overlay']['edges']:,} entries, "
-                      f"{o['overlay']['bytes'] / 2**20:.0f} MiB)"]
+        how = (
+            f"in {tm['batches']} batches, validate {tm['validate_s']} s + apply {tm['apply_s']} s"
+            if tm
+            else "FAILED (see errors)"
+        )
+        lines += [
+            "",
+            f"4. sampling in-process, fanout {list(FANOUT)}; overlay set-up: {o['ops']:,} add_edge ops {how} "
+            f"({o['overlay']['nodes']:,} lists, {o['overlay']['edges']:,} entries, "
+            f"{o['overlay']['bytes'] / 2**20:.0f} MiB)",
+        ]
     if "sampling" in r:
         s = r["sampling"]
-        lines.append(f"   {'':<10}{'graph read':<26}{'P50 ms':>9}{'P99 ms':>9}{'P50 x':>8}{'P99 x':>8}"
-                     f"{'ids/target':>12}{'us/id':>8}")
+        lines.append(
+            f"   {'':<10}{'graph read':<26}{'P50 ms':>9}{'P99 ms':>9}{'P50 x':>8}{'P99 x':>8}"
+            f"{'ids/target':>12}{'us/id':>8}"
+        )
         for name in ("single", "batch256"):
             x = s[name]
-            for k, label in (("none", "snapshot CSR"), ("same_lists", "overlay, unchanged lists"),
-                             ("added_edges", "snapshot + added overlay"), ("compacted", "compacted CSR (same graph)")):
+            for k, label in (
+                ("none", "snapshot CSR"),
+                ("same_lists", "overlay, unchanged lists"),
+                ("added_edges", "snapshot + added overlay"),
+                ("compacted", "compacted CSR (same graph)"),
+            ):
                 y = x[k]
                 rp50 = "" if k == "none" else f(x[f"{k}_ratio_p50"], "{:.3f}")
                 rp99 = "" if k == "none" else f(x[f"{k}_ratio_p99"], "{:.3f}")
-                lines.append(f"   {name if k == 'none' else '':<10}{label:<26}{y['p50_ms']:>9.4f}{y['p99_ms']:>9.4f}"
-                             f"{rp50:>8}{rp99:>8}{y['sampled_ids_per_target']:>12.1f}{y['us_per_sampled_id']:>8.3f}")
-            lines.append(f"   {'':<10}{'overlay / compacted CSR':<26}{'':>18}{f(x['added_vs_compacted_p50'], '{:.3f}'):>8}"
-                         f"{f(x['added_vs_compacted_p99'], '{:.3f}'):>8}")
-        lines.append("   (x: against the snapshot CSR; target: overlay <= 1.2x. The added edges make a denser graph, so "
-                     "more ids are sampled per target; the compacted CSR is that same graph without an overlay. "
-                     f"Calls whose overlay and compacted samples differ: {s['overlay_vs_compacted_sample_mismatches']})")
+                lines.append(
+                    f"   {name if k == 'none' else '':<10}{label:<26}{y['p50_ms']:>9.4f}{y['p99_ms']:>9.4f}"
+                    f"{rp50:>8}{rp99:>8}{y['sampled_ids_per_target']:>12.1f}{y['us_per_sampled_id']:>8.3f}"
+                )
+            lines.append(
+                f"   {'':<10}{'overlay / compacted CSR':<26}{'':>18}{f(x['added_vs_compacted_p50'], '{:.3f}'):>8}"
+                f"{f(x['added_vs_compacted_p99'], '{:.3f}'):>8}"
+            )
+        lines.append(
+            "   (x: against the snapshot CSR; target: overlay <= 1.2x. The added edges make a denser graph, so "
+            "more ids are sampled per target; the compacted CSR is that same graph without an overlay. "
+            f"Calls whose overlay and compacted samples differ: {s['overlay_vs_compacted_sample_mismatches']})"
+        )
     if "compaction" in r:
-        lines += ["", "5. compaction in-process",
-                  f"   {'graph':<8}{'updates':>9}{'materialize s':>15}{'log write s':>13}{'compact s':>11}  result"]
+        lines += [
+            "",
+            "5. compaction in-process",
+            f"   {'graph':<8}{'updates':>9}{'materialize s':>15}{'log write s':>13}{'compact s':>11}  result",
+        ]
         for name, x in r["compaction"].items():
             if name == "errors":
                 continue
             c = x["compact_result"]
-            lines.append(f"   {name:<8}{x['updates']:>9,}{x['materialize_s']:>15.2f}{x['log_write_s']:>13.2f}"
-                         f"{x['compact_s']:>11.2f}  {c['num_nodes']:,} nodes, {c['num_edges']:,} edges")
-        for name in (r["compaction"].get("errors") or {}):
+            lines.append(
+                f"   {name:<8}{x['updates']:>9,}{x['materialize_s']:>15.2f}{x['log_write_s']:>13.2f}"
+                f"{x['compact_s']:>11.2f}  {c['num_nodes']:,} nodes, {c['num_edges']:,} edges"
+            )
+        for name in r["compaction"].get("errors") or {}:
             lines.append(f"   {name:<8}FAILED (see errors)")
         if "1m" in r["compaction"]:
             x = r["compaction"]["1m"]
             src = x["source"]
-            lines.append(f"   1m graph: {src['source']}" + "".join(f", {k} {v} s" for k, v in src.items() if k != "source")
-                         + f"; overlay of {x['updates']:,} ops (mix {x['mix']}) applied in {x['overlay_setup_s']} s, "
-                         f"{x['rejected_batches']} batches of 100 refused"
-                         + (f" (first: {x['first_rejection']})" if x["first_rejection"] else ""))
+            lines.append(
+                f"   1m graph: {src['source']}"
+                + "".join(f", {k} {v} s" for k, v in src.items() if k != "source")
+                + f"; overlay of {x['updates']:,} ops (mix {x['mix']}) applied in {x['overlay_setup_s']} s, "
+                f"{x['rejected_batches']} batches of 100 refused"
+                + (f" (first: {x['first_rejection']})" if x["first_rejection"] else "")
+            )
         lines.append("   (compact = load snapshot + replay the log + materialize + save; log write = setup)")
     firsts = {}
-    for key, x in (("serving", r.get("serving", {}).get("writer")), ("staleness", r.get("staleness", {}).get("writer")),
-                   *((f"ingest {y['writers']}x{y['ops_per_batch']}", y) for y in r.get("ingest") or [])):
+    for key, x in (
+        ("serving", r.get("serving", {}).get("writer")),
+        ("staleness", r.get("staleness", {}).get("writer")),
+        *((f"ingest {y['writers']}x{y['ops_per_batch']}", y) for y in r.get("ingest") or []),
+    ):
         if x and x.get("first_error"):
             firsts[key] = x["first_error"]
     if firsts:
         lines += ["", "update batches refused (first answer per status):"]
         lines += [f"   {k}: {v}" for k, v in firsts.items()]
-    errors = {**r.get("errors", {}), **{f"overlay_setup.{k}": v for k, v in r.get("overlay_setup", {}).get("errors", {}).items()},
-              **{f"compaction.{k}": v for k, v in r.get("compaction", {}).get("errors", {}).items()},
-              **{f"app.{k}": v for k, v in r.get("app", {}).get("errors", {}).items()}}
+    errors = {
+        **r.get("errors", {}),
+        **{f"overlay_setup.{k}": v for k, v in r.get("overlay_setup", {}).get("errors", {}).items()},
+        **{f"compaction.{k}": v for k, v in r.get("compaction", {}).get("errors", {}).items()},
+        **{f"app.{k}": v for k, v in r.get("app", {}).get("errors", {}).items()},
+    }
     if errors:
         lines += ["", "sections that failed (last lines of the traceback):"]
         for k, v in errors.items():
             lines.append(f"   {k}: " + " | ".join(v.strip().splitlines()[-3:]))
     if r.get("app", {}).get("feature_runner_log_errors"):
-        lines += ["", "FeatureRunner log lines with errors:"] + [f"   {x[:200]}" for x in r["app"]["feature_runner_log_errors"]]
+        lines += ["", "FeatureRunner log lines with errors:"] + [
+            f"   {x[:200]}" for x in r["app"]["feature_runner_log_errors"]
+        ]
     return "\n".join(lines)
 
 

@@ -53,23 +53,23 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from common import wire  # noqa: E402
-from runners.graphsage.backends import OnnxBackend, OpenVinoBackend, TorchBackend  # noqa: E402
-from common.batching import AdaptiveBatcher  # noqa: E402
-from common.settings import Settings  # noqa: E402
-from common.feature_tensor import FeatureTensor, decode, encode  # noqa: E402
+from common import wire
+from common.batching import AdaptiveBatcher
+from common.feature_tensor import FeatureTensor, decode, encode
+from common.settings import Settings
+from runners.feature.sampling import sample_tree
 from runners.feature.tree_layout import compact
-from runners.graphsage.inference import InferenceItem, LoadedModel, check_compatible, run_batch  # noqa: E402
-from runners.graphsage.model_artifacts import CONFIG_FILE, STATE_DICT_FILE, ModelArtifacts  # noqa: E402
-from runners.graphsage.model_config import AGGREGATORS, ModelConfig  # noqa: E402
-from runners.feature.sampling import sample_tree  # noqa: E402
-from training_export.export import export_all, to_dense  # noqa: E402
-from training_export.pyg_model import mfg_tensors  # noqa: E402
-from training_export.quantize import QuantizationRefused, describe, quantize_and_guard  # noqa: E402
-from training_export.synthetic import SyntheticGraphSpec, generate  # noqa: E402
-from training_export.train import TrainSpec, train_graphsage  # noqa: E402
+from runners.graphsage.backends import OnnxBackend, OpenVinoBackend, TorchBackend
+from runners.graphsage.inference import InferenceItem, LoadedModel, check_compatible, run_batch
+from runners.graphsage.model_artifacts import CONFIG_FILE, STATE_DICT_FILE, ModelArtifacts
+from runners.graphsage.model_config import AGGREGATORS, ModelConfig
+from training_export.export import export_all, to_dense
+from training_export.pyg_model import mfg_tensors
+from training_export.quantize import QuantizationRefused, describe, quantize_and_guard
+from training_export.synthetic import SyntheticGraphSpec, generate
+from training_export.train import TrainSpec, train_graphsage
 
 BATCH_SIZES = (1, 16, 256, 1024)
 BACKENDS = ("onnx", "onnx-int8", "openvino", "openvino-int8", "torch", "pyg")
@@ -77,9 +77,13 @@ BACKENDS = ("onnx", "onnx-int8", "openvino", "openvino-int8", "torch", "pyg")
 TRAIN_NODES = {"mean": 20_000, "pool": 8_000, "lstm": 3_000}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "model_bench.json")
 # The e2e sides: (name, GSAGE_* environment of its model runner); the first is the baseline.
-E2E_SIDES = (("onnx", {}), ("onnx-int8", {"GSAGE_PRECISION": "int8"}), ("openvino", {"GSAGE_BACKEND": "openvino"}),
-             ("openvino-int8", {"GSAGE_BACKEND": "openvino", "GSAGE_PRECISION": "int8"}),
-             ("torch", {"GSAGE_BACKEND": "torch"}))
+E2E_SIDES = (
+    ("onnx", {}),
+    ("onnx-int8", {"GSAGE_PRECISION": "int8"}),
+    ("openvino", {"GSAGE_BACKEND": "openvino"}),
+    ("openvino-int8", {"GSAGE_BACKEND": "openvino", "GSAGE_PRECISION": "int8"}),
+    ("torch", {"GSAGE_BACKEND": "torch"}),
+)
 
 
 def pct(seconds: list[float], q: float) -> float:
@@ -100,12 +104,14 @@ class FixedRegistry:
 
 
 def build_model(args: argparse.Namespace, g, aggregator: str, tmp: str):
-    cfg = ModelConfig(in_dim=g.feature_dim, hidden_dim=args.hidden, num_classes=g.num_classes,
-                      fanout=(25, 10), aggregator=aggregator)
+    cfg = ModelConfig(
+        in_dim=g.feature_dim, hidden_dim=args.hidden, num_classes=g.num_classes, fanout=(25, 10), aggregator=aggregator
+    )
     t = time.perf_counter()
     train_nodes = min(args.train_nodes, TRAIN_NODES[aggregator] // (4 if args.quick else 1))
-    model, metrics = train_graphsage(g, cfg, TrainSpec(epochs=1, max_train_nodes=train_nodes, eval_nodes=2000),
-                                     progress=False)
+    model, metrics = train_graphsage(
+        g, cfg, TrainSpec(epochs=1, max_train_nodes=train_nodes, eval_nodes=2000), progress=False
+    )
     train_s = time.perf_counter() - t
     directory = os.path.join(tmp, aggregator)
     os.makedirs(directory)
@@ -120,9 +126,16 @@ def build_model(args: argparse.Namespace, g, aggregator: str, tmp: str):
         int8 = exc.figures
     quantize_s = time.perf_counter() - t
     artifacts = ModelArtifacts(tag=f"graphsage:bench-{aggregator}", path=directory, config=cfg, metadata={"int8": int8})
-    info = {"aggregator": aggregator, "train_nodes": train_nodes, "train_s": round(train_s, 1),
-            "quantize_and_guard_s": round(quantize_s, 1), "hidden_dim": cfg.hidden_dim, "fanout": list(cfg.fanout),
-            **metrics, "int8": int8}
+    info = {
+        "aggregator": aggregator,
+        "train_nodes": train_nodes,
+        "train_s": round(train_s, 1),
+        "quantize_and_guard_s": round(quantize_s, 1),
+        "hidden_dim": cfg.hidden_dim,
+        "fanout": list(cfg.fanout),
+        **metrics,
+        "int8": int8,
+    }
     return model, artifacts, info
 
 
@@ -163,7 +176,8 @@ def bench_forward(args, g, model, artifacts) -> dict[str, Any]:
             prepared.append((feats, index, mfg))
         row: dict[str, Any] = {
             "unique_rows_mean": float(np.mean([p[0].shape[0] for p in prepared])),
-            "sample_compact_ms_p50": pct(sample_s, 50), "gather_ms_p50": pct(gather_s, 50),
+            "sample_compact_ms_p50": pct(sample_s, 50),
+            "gather_ms_p50": pct(gather_s, 50),
             "pyg_mfg_build_ms_p50": pct(mfg_s, 50),
         }
         fns = {"pyg": lambda p: model(*p[2])}
@@ -175,23 +189,29 @@ def bench_forward(args, g, model, artifacts) -> dict[str, Any]:
                 if be.precision == "fp32":
                     row[name] = {"max_abs_diff_vs_pyg": float(np.abs(logits - ref).max())}
                 else:
-                    row[name] = {"max_prob_diff_vs_fp32": float(np.abs(probs - ref_probs).max()),
-                                 "same_label_share": float((probs.argmax(1) == ref_probs.argmax(1)).mean())}
+                    row[name] = {
+                        "max_prob_diff_vs_fp32": float(np.abs(probs - ref_probs).max()),
+                        "same_label_share": float((probs.argmax(1) == ref_probs.argmax(1)).mean()),
+                    }
                 fns[name] = lambda p, be=be: be.run(p[0], p[1])
             row["pyg"] = {}
             fns = {name: fns[name] for name in BACKENDS if name in fns}
             timed = time_interleaved(fns, prepared, args.budget * len(fns), 3 if b >= 256 else 10)
         for name, secs in timed.items():
-            row[name].update(calls=len(secs), p50_ms=pct(secs, 50), p99_ms=pct(secs, 99),
-                             targets_per_s=b / float(np.mean(secs)))
+            row[name].update(
+                calls=len(secs), p50_ms=pct(secs, 50), p99_ms=pct(secs, 99), targets_per_s=b / float(np.mean(secs))
+            )
         out[str(b)] = row
-        print(f"  batch {b:>4}: " + "  ".join(f"{n} {row[n]['p50_ms']:.2f}" for n in BACKENDS if n in row) + " ms p50",
-              flush=True)
+        print(
+            f"  batch {b:>4}: " + "  ".join(f"{n} {row[n]['p50_ms']:.2f}" for n in BACKENDS if n in row) + " ms p50",
+            flush=True,
+        )
     return out
 
 
-def time_interleaved(fns: dict[str, Any], inputs: list, budget_s: float, min_calls: int,
-                     warmup: int = 2) -> dict[str, list[float]]:
+def time_interleaved(
+    fns: dict[str, Any], inputs: list, budget_s: float, min_calls: int, warmup: int = 2
+) -> dict[str, list[float]]:
     """Seconds per call of each function, the functions taking turns call by call (each on the
     same input in a turn, inputs round-robin): every backend meets the same background load of
     this shared machine, as bench.suite's interleaved windows do for the services."""
@@ -211,8 +231,9 @@ def time_interleaved(fns: dict[str, Any], inputs: list, budget_s: float, min_cal
     return out
 
 
-async def _service(loaded: LoadedModel, blobs: list[bytes], max_batch: int, delay_s: float, callers: int,
-                   duration_s: float) -> dict[str, Any]:
+async def _service(
+    loaded: LoadedModel, blobs: list[bytes], max_batch: int, delay_s: float, callers: int, duration_s: float
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     registry = FixedRegistry(loaded)
     compute = ThreadPoolExecutor(1, thread_name_prefix="forward")
@@ -222,8 +243,9 @@ async def _service(loaded: LoadedModel, blobs: list[bytes], max_batch: int, dela
         sizes.append(len(items))
         return await loop.run_in_executor(compute, run_batch, registry, items)
 
-    batcher = AdaptiveBatcher(forward, max_batch_size=max_batch, max_delay_s=delay_s,
-                              size_of=lambda item: item.tensor.num_targets)
+    batcher = AdaptiveBatcher(
+        forward, max_batch_size=max_batch, max_delay_s=delay_s, size_of=lambda item: item.tensor.num_targets
+    )
     latencies: list[float] = []
     errors = 0
     stop_at = time.perf_counter() + duration_s
@@ -239,9 +261,11 @@ async def _service(loaded: LoadedModel, blobs: list[bytes], max_batch: int, dela
                 ft = decode(blob)  # what GraphSAGERunner.infer does per request
                 check_compatible(loaded, ft)
                 result = await batcher.submit(InferenceItem(loaded.artifacts.tag, ft, loaded=loaded))
-                wire.pack({k: result[k] for k in ("logits", "probs")},
-                          {k: result[k] for k in ("model", "backend", "precision", "task")})
-            except Exception:  # noqa: BLE001 - counted, never raised
+                wire.pack(
+                    {k: result[k] for k in ("logits", "probs")},
+                    {k: result[k] for k in ("model", "backend", "precision", "task")},
+                )
+            except Exception:
                 errors += 1
                 continue
             latencies.append(time.perf_counter() - t)
@@ -251,11 +275,19 @@ async def _service(loaded: LoadedModel, blobs: list[bytes], max_batch: int, dela
     elapsed = time.perf_counter() - started
     compute.shutdown()
     s = batcher.stats
-    return {"max_batch_size": max_batch, "max_delay_ms": delay_s * 1e3, "requests": len(latencies), "errors": errors,
-            "req_per_s": len(latencies) / elapsed, "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
-            "mean_batch": float(np.mean(sizes)) if sizes else 0.0, "batches": s.batches,
-            "mean_queue_ms": s.queue_seconds / max(s.batches, 1) * 1e3,
-            "mean_compute_ms": s.compute_seconds / max(s.batches, 1) * 1e3}
+    return {
+        "max_batch_size": max_batch,
+        "max_delay_ms": delay_s * 1e3,
+        "requests": len(latencies),
+        "errors": errors,
+        "req_per_s": len(latencies) / elapsed,
+        "p50_ms": pct(latencies, 50),
+        "p99_ms": pct(latencies, 99),
+        "mean_batch": float(np.mean(sizes)) if sizes else 0.0,
+        "batches": s.batches,
+        "mean_queue_ms": s.queue_seconds / max(s.batches, 1) * 1e3,
+        "mean_compute_ms": s.compute_seconds / max(s.batches, 1) * 1e3,
+    }
 
 
 def bench_service(args, g, model, artifacts) -> dict[str, Any]:
@@ -271,8 +303,11 @@ def bench_service(args, g, model, artifacts) -> dict[str, Any]:
     for label, max_batch in (("batching_on", 256), ("batching_off", 1)):
         out[label] = asyncio.run(_service(loaded, blobs, max_batch, delay_s, args.callers, args.duration))
         r = out[label]
-        print(f"  {label:<13} {r['req_per_s']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-              f"  mean batch {r['mean_batch']:6.1f}", flush=True)
+        print(
+            f"  {label:<13} {r['req_per_s']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+            f"  mean batch {r['mean_batch']:6.1f}",
+            flush=True,
+        )
     out["throughput_ratio_on_off"] = out["batching_on"]["req_per_s"] / max(out["batching_off"]["req_per_s"], 1e-9)
     return out
 
@@ -286,14 +321,19 @@ def e2e_store(log) -> tuple[str, dict]:
     from bench.suite.runner import HOME_100K, ensure_store, run_cmd
 
     info = ensure_store(HOME_100K, [], log)
-    probe = ("import bentoml,json;m=bentoml.models.get('graphsage:latest');"
-             "print(json.dumps([str(m.tag), m.info.metadata.get('int8') or {}]))")
+    probe = (
+        "import bentoml,json;m=bentoml.models.get('graphsage:latest');"
+        "print(json.dumps([str(m.tag), m.info.metadata.get('int8') or {}]))"
+    )
     env = {"BENTOML_HOME": HOME_100K, "BENTOML_DO_NOT_TRACK": "true"}
     tag, int8 = json.loads(run_cmd([sys.executable, "-c", probe], env, timeout=120).stdout)
     if not int8.get("stored"):
         log(f"{tag} has no INT8 graphs: python -m training_export train --int8 on {info['graph_snapshot']} ...")
-        out = run_cmd([sys.executable, "-m", "training_export", "train", "--snapshot", info["graph_snapshot"], "--int8"],
-                      env, timeout=1800)
+        out = run_cmd(
+            [sys.executable, "-m", "training_export", "train", "--snapshot", info["graph_snapshot"], "--int8"],
+            env,
+            timeout=1800,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"training_export train --int8 failed:\n{out.stderr[-3000:]}")
         tag, int8 = json.loads(run_cmd([sys.executable, "-c", probe], env, timeout=120).stdout)
@@ -310,7 +350,7 @@ def served_precision(topo) -> dict:
     try:
         loaded = httpx.post(svc.url + "/models", json={}, headers=service_headers(svc.env), timeout=10).json()["loaded"]
         return {m["tag"]: f"{m['backend']} {m['precision']}" for m in loaded}
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
+    except Exception as exc:
         return {"error": repr(exc)}
 
 
@@ -321,8 +361,11 @@ def bench_e2e(args) -> dict[str, Any]:
 
     if not redis_available():
         raise SystemExit("--e2e: redis-server is not installed (the app sides use it for L2, as the suite's)")
-    suite = Suite(argparse.Namespace(quick=False, scale=1.0, out=os.path.join(tempfile.gettempdir(), "gsage-bench-model"),
-                                     code="worktree"))
+    suite = Suite(
+        argparse.Namespace(
+            quick=False, scale=1.0, out=os.path.join(tempfile.gettempdir(), "gsage-bench-model"), code="worktree"
+        )
+    )
     tag, int8 = e2e_store(suite.log)
     suite.log(f"e2e model {tag}: INT8 {describe(int8) if int8.get('runtimes') else int8}")
     procs.snapshot_code(tempfile.mkdtemp(prefix="gsage-bench-model-code-"), "worktree")
@@ -341,11 +384,25 @@ def bench_e2e(args) -> dict[str, Any]:
             suite.load(f"warm-up 32-node {name}", topo, nodes=32, concurrency=2, duration=6, record=False, seed=22)
             suite.load(f"warm-up single {name}", topo, concurrency=8, duration=5, record=False, seed=21)
         for label, concurrency, nodes in (("single_c1", 1, 1), ("bulk256_c16", 16, 256)):
-            rows = suite.paired(topologies, concurrency=concurrency, rounds=args.e2e_rounds, window=args.e2e_window,
-                                tags={}, nodes=nodes)
-            out[label] = {name: {"p50_ms": r.get("p50_ms"), "p99_ms": r.get("p99_ms"), "req_per_s": r["req_per_s"],
-                                 "nodes_per_s": r["req_per_s"] * nodes, "errors": r.get("error_count", 0),
-                                 "window_p99_ms": [w["p99_ms"] for w in r["windows"]]} for name, r in rows.items()}
+            rows = suite.paired(
+                topologies,
+                concurrency=concurrency,
+                rounds=args.e2e_rounds,
+                window=args.e2e_window,
+                tags={},
+                nodes=nodes,
+            )
+            out[label] = {
+                name: {
+                    "p50_ms": r.get("p50_ms"),
+                    "p99_ms": r.get("p99_ms"),
+                    "req_per_s": r["req_per_s"],
+                    "nodes_per_s": r["req_per_s"] * nodes,
+                    "errors": r.get("error_count", 0),
+                    "window_p99_ms": [w["p99_ms"] for w in r["windows"]],
+                }
+                for name, r in rows.items()
+            }
     finally:
         for topo in topologies.values():
             topo.stop()
@@ -358,53 +415,74 @@ def bench_e2e(args) -> dict[str, Any]:
 
 def print_forward(info: dict, forward: dict) -> None:
     int8 = info["int8"]
-    print(f"\n{info['aggregator']}: hidden {info['hidden_dim']}, fanout {info['fanout']}, trained 1 epoch on "
-          f"{info['train_nodes']:,} nodes (val {info.get('val_score')}); INT8 guard: "
-          + (describe(int8) if int8.get("runtimes") else str(int8)))
+    print(
+        f"\n{info['aggregator']}: hidden {info['hidden_dim']}, fanout {info['fanout']}, trained 1 epoch on "
+        f"{info['train_nodes']:,} nodes (val {info.get('val_score')}); INT8 guard: "
+        + (describe(int8) if int8.get("runtimes") else str(int8))
+    )
     head = f"{'backend':<14}" + "".join(f" | {'batch ' + b:^26}" for b in forward)
     print(head)
-    print(f"{'':<14}" + "".join(f" | {'p50':>7} {'p99':>7} {'tgt/s':>10}" for _ in forward) + " | accuracy (batch 1024)")
+    print(
+        f"{'':<14}" + "".join(f" | {'p50':>7} {'p99':>7} {'tgt/s':>10}" for _ in forward) + " | accuracy (batch 1024)"
+    )
     for name in BACKENDS:
         cells = []
         for r in forward.values():
             x = r.get(name)
-            cells.append(f" | {x['p50_ms']:7.2f} {x['p99_ms']:7.2f} {x['targets_per_s']:10,.0f}" if x else
-                         f" | {'-':>26}")
+            cells.append(
+                f" | {x['p50_ms']:7.2f} {x['p99_ms']:7.2f} {x['targets_per_s']:10,.0f}" if x else f" | {'-':>26}"
+            )
         if not any(name in r for r in forward.values()):
             continue
         last = forward[str(BATCH_SIZES[-1])].get(name, {})
-        acc = (f"max|logit diff| vs pyg {last['max_abs_diff_vs_pyg']:.1e}" if "max_abs_diff_vs_pyg" in last else
-               f"max|prob diff| vs fp32 {last['max_prob_diff_vs_fp32']:.3f}, same label {last['same_label_share']:.3f}"
-               if "max_prob_diff_vs_fp32" in last else "reference")
+        acc = (
+            f"max|logit diff| vs pyg {last['max_abs_diff_vs_pyg']:.1e}"
+            if "max_abs_diff_vs_pyg" in last
+            else f"max|prob diff| vs fp32 {last['max_prob_diff_vs_fp32']:.3f}, same label {last['same_label_share']:.3f}"
+            if "max_prob_diff_vs_fp32" in last
+            else "reference"
+        )
         print(f"{name:<14}" + "".join(cells) + f" | {acc}")
     rows = " ".join(f"{b}:{r['unique_rows_mean']:.0f}" for b, r in forward.items())
     print(f"(ms per call, 1 thread, forward only on prepared inputs; unique rows per batch {rows})")
 
 
 def print_service(service: dict) -> None:
-    print(f"\nservice emulation (mean, onnx fp32), {service['callers']} callers, single-target requests, "
-          f"{service['duration_s']} s each:")
-    print(f"{'mode':<13} | {'req/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | {'mean batch':>10} | {'queue ms':>8} |"
-          f" {'compute ms':>10} | errors")
+    print(
+        f"\nservice emulation (mean, onnx fp32), {service['callers']} callers, single-target requests, "
+        f"{service['duration_s']} s each:"
+    )
+    print(
+        f"{'mode':<13} | {'req/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | {'mean batch':>10} | {'queue ms':>8} |"
+        f" {'compute ms':>10} | errors"
+    )
     for label in ("batching_on", "batching_off"):
         r = service[label]
-        print(f"{label:<13} | {r['req_per_s']:7.0f} | {r['p50_ms']:7.2f} | {r['p99_ms']:7.2f} | {r['mean_batch']:10.1f} |"
-              f" {r['mean_queue_ms']:8.2f} | {r['mean_compute_ms']:10.2f} | {r['errors']}")
+        print(
+            f"{label:<13} | {r['req_per_s']:7.0f} | {r['p50_ms']:7.2f} | {r['p99_ms']:7.2f} | {r['mean_batch']:10.1f} |"
+            f" {r['mean_queue_ms']:8.2f} | {r['mean_compute_ms']:10.2f} | {r['errors']}"
+        )
     print(f"throughput on/off: {service['throughput_ratio_on_off']:.2f}x")
 
 
 def print_e2e(e2e: dict) -> None:
-    print(f"\nend to end ({e2e['model']}, {e2e['rounds']} interleaved windows of {e2e['window_s']:g} s per side; "
-          f"ratios against this run's onnx fp32):")
-    print(f"{'backend':<14} | {'served':<22} | {'single c=1 P50':>14} {'P99':>7} {'P99 ratio':>9} |"
-          f" {'256-node c=16 nodes/s':>21} {'ratio':>6} {'P99 ms':>8} | errors")
+    print(
+        f"\nend to end ({e2e['model']}, {e2e['rounds']} interleaved windows of {e2e['window_s']:g} s per side; "
+        f"ratios against this run's onnx fp32):"
+    )
+    print(
+        f"{'backend':<14} | {'served':<22} | {'single c=1 P50':>14} {'P99':>7} {'P99 ratio':>9} |"
+        f" {'256-node c=16 nodes/s':>21} {'ratio':>6} {'P99 ms':>8} | errors"
+    )
     s0, b0 = e2e["single_c1"]["onnx"], e2e["bulk256_c16"]["onnx"]
     for name in e2e["single_c1"]:
         s, b = e2e["single_c1"][name], e2e["bulk256_c16"][name]
         served = ", ".join(e2e["served"].get(name, {}).values())
-        print(f"{name:<14} | {served:<22} | {s['p50_ms']:14.2f} {s['p99_ms']:7.2f} {s['p99_ms'] / s0['p99_ms']:8.2f}x |"
-              f" {b['nodes_per_s']:21,.0f} {b['nodes_per_s'] / b0['nodes_per_s']:5.2f}x {b['p99_ms']:8.1f} |"
-              f" {s['errors'] + b['errors']}")
+        print(
+            f"{name:<14} | {served:<22} | {s['p50_ms']:14.2f} {s['p99_ms']:7.2f} {s['p99_ms'] / s0['p99_ms']:8.2f}x |"
+            f" {b['nodes_per_s']:21,.0f} {b['nodes_per_s'] / b0['nodes_per_s']:5.2f}x {b['p99_ms']:8.1f} |"
+            f" {s['errors'] + b['errors']}"
+        )
 
 
 def main() -> None:
@@ -430,8 +508,10 @@ def main() -> None:
         args.pool = min(args.pool, 500)
     aggregators = [a for a in args.aggregators.split(",") if a]
     started = time.perf_counter()
-    results: dict[str, Any] = {"args": vars(args), "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                                              "torch": torch.__version__}}
+    results: dict[str, Any] = {
+        "args": vars(args),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch": torch.__version__},
+    }
     if not args.e2e_only:
         print(f"building: {args.nodes:,}-node graph ...", flush=True)
         t = time.perf_counter()
@@ -442,8 +522,11 @@ def main() -> None:
             for aggregator in aggregators:
                 print(f"{aggregator}: training, exporting, quantising ...", flush=True)
                 model, artifacts, info = build_model(args, g, aggregator, tmp)
-                print(f"  trained in {info['train_s']} s (val {info.get('val_score')}), INT8 + guard in "
-                      f"{info['quantize_and_guard_s']} s", flush=True)
+                print(
+                    f"  trained in {info['train_s']} s (val {info.get('val_score')}), INT8 + guard in "
+                    f"{info['quantize_and_guard_s']} s",
+                    flush=True,
+                )
                 forward = bench_forward(args, g, model, artifacts)
                 entry = {"model": info, "forward": forward}
                 if aggregator == "mean":

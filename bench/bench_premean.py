@@ -30,18 +30,18 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from harness.workload import Zipf  # noqa: E402
-from runners.feature.cache.tiered import build_feature_store  # noqa: E402
-from common.settings import Settings  # noqa: E402
-from common.feature_tensor import decode, encode  # noqa: E402
-from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch  # noqa: E402
-from runners.graphsage.model_artifacts import ONNX_PREMEAN_FILE, load_artifacts  # noqa: E402
-from runners.feature.neighbourhood import NeighbourhoodBuilder  # noqa: E402
-from runners.feature.snapshot import load_snapshot  # noqa: E402
-from training_export.export import export_all, to_dense  # noqa: E402
-from training_export.pyg_model import PygGraphSAGE  # noqa: E402
+from common.feature_tensor import decode, encode
+from common.settings import Settings
+from harness.workload import Zipf
+from runners.feature.cache.tiered import build_feature_store
+from runners.feature.neighbourhood import NeighbourhoodBuilder
+from runners.feature.snapshot import load_snapshot
+from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch
+from runners.graphsage.model_artifacts import ONNX_PREMEAN_FILE, load_artifacts
+from training_export.export import export_all, to_dense
+from training_export.pyg_model import PygGraphSAGE
 
 
 def _registry_with_fresh_graphs(tmp: str) -> tuple[ModelRegistry, str]:
@@ -91,12 +91,16 @@ def main() -> None:
         loop.run_until_complete(store.warm(np.arange(snap.num_nodes)))
         zipf = Zipf(snap.num_nodes, 0)
         print(f"{snap.tag}, {tag}, float16 transport, 1 thread; per request, medians (P99) in ms")
-        print(f"{'targets':>7} | {'layout':>7} | {'bytes':>9} | {'FeatureRunner build+encode':>26} | "
-              f"{'model decode+run':>17} | max |prob diff|")
+        print(
+            f"{'targets':>7} | {'layout':>7} | {'bytes':>9} | {'FeatureRunner build+encode':>26} | "
+            f"{'model decode+run':>17} | max |prob diff|"
+        )
         for n in (int(x) for x in a.sizes.split(",")):
             ids = [zipf.draw(n) for _ in range(16)]
-            reqs = {pm: [builder.validate(t.tolist(), None, 1000 + i, "float16", premean=pm) for i, t in enumerate(ids)]
-                    for pm in (False, True)}
+            reqs = {
+                pm: [builder.validate(t.tolist(), None, 1000 + i, "float16", premean=pm) for i, t in enumerate(ids)]
+                for pm in (False, True)
+            }
             build = lambda r: encode(loop.run_until_complete(builder.build([r]))[0])  # noqa: E731
             infer = lambda b: run_batch(registry, [InferenceItem(tag, decode(b))])[0]  # noqa: E731
             blobs = {pm: [build(r) for r in reqs[pm]] for pm in (False, True)}
@@ -104,9 +108,11 @@ def main() -> None:
             feat, model = _alternating(build, reqs, a.budget), _alternating(infer, blobs, a.budget)
             for pm in (False, True):
                 diff = max(float(np.abs(x - y).max()) for x, y in zip(probs[pm], probs[False]))
-                print(f"{n:>7} | {'premean' if pm else 'full':>7} | {np.mean([len(b) for b in blobs[pm]]):>9,.0f} | "
-                      f"{np.median(feat[pm]) * 1e3:>13.3f} ({np.percentile(feat[pm], 99) * 1e3:7.3f})    | "
-                      f"{np.median(model[pm]) * 1e3:>6.3f} ({np.percentile(model[pm], 99) * 1e3:7.3f}) | {diff:.1e}")
+                print(
+                    f"{n:>7} | {'premean' if pm else 'full':>7} | {np.mean([len(b) for b in blobs[pm]]):>9,.0f} | "
+                    f"{np.median(feat[pm]) * 1e3:>13.3f} ({np.percentile(feat[pm], 99) * 1e3:7.3f})    | "
+                    f"{np.median(model[pm]) * 1e3:>6.3f} ({np.percentile(model[pm], 99) * 1e3:7.3f}) | {diff:.1e}"
+                )
         loop.close()
 
 

@@ -41,7 +41,8 @@ sys.path.insert(0, ROOT)
 from bench.suite.runner import HOME_100K, ensure_store, snapshot_counts  # noqa: E402
 from harness import load as loadgen  # noqa: E402
 from harness.app import SplitApp  # noqa: E402
-from harness.workload import bodies as make_bodies, make_dist  # noqa: E402
+from harness.workload import bodies as make_bodies  # noqa: E402
+from harness.workload import make_dist  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "shadow.json")
 ADMIN_TIMEOUT_S = 30.0
@@ -117,10 +118,17 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="gsage-shadow-bench-")
     routes = os.path.join(work, "routes.json")
     with open(routes, "w") as f:
-        json.dump({"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": primary,
-                                                                                      "weight": 1.0}]}}}, f)
-    env = {"GSAGE_ROUTING_FILE": routes, "GSAGE_MODEL_TAGS": ",".join(dict.fromkeys([primary, shadow])),
-           "GSAGE_GRPC_PORT": "0", "GSAGE_REDIS_URL": "", "GSAGE_GRAPH_LOG_DIR": os.path.join(work, "update-log")}
+        json.dump(
+            {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": primary, "weight": 1.0}]}}},
+            f,
+        )
+    env = {
+        "GSAGE_ROUTING_FILE": routes,
+        "GSAGE_MODEL_TAGS": ",".join(dict.fromkeys([primary, shadow])),
+        "GSAGE_GRPC_PORT": "0",
+        "GSAGE_REDIS_URL": "",
+        "GSAGE_GRAPH_LOG_DIR": os.path.join(work, "update-log"),
+    }
     if a.queue_size is not None:
         env["GSAGE_SHADOW_QUEUE_SIZE"] = str(a.queue_size)
     log(f"primary {primary}, shadow {shadow}; {num_nodes} nodes, {num_edges} edges; starting the app")
@@ -142,7 +150,7 @@ def main() -> None:
         cpu_s: dict[bool, Counter] = {True: Counter(), False: Counter()}
         drains: list[float] = []
         for r in range(a.rounds):
-            for on in ((True, False) if r % 2 == 0 else (False, True)):
+            for on in (True, False) if r % 2 == 0 else (False, True):
                 if on:
                     admin(base, {"action": "set_shadow", "version": shadow, "share": 1.0})
                 start = cpu(app)
@@ -154,8 +162,10 @@ def main() -> None:
                 cpu_s[on].update({k: end[k] - start[k] for k in start})
                 parts[on].append(res)
                 s = res.summary()
-                log(f"round {r + 1}/{a.rounds} shadow {'on ' if on else 'off'}: {s['req_per_s']:.1f} req/s, "
-                    f"P99 {s.get('p99_ms', float('nan')):.2f} ms, errors {s['error_count']}")
+                log(
+                    f"round {r + 1}/{a.rounds} shadow {'on ' if on else 'off'}: {s['req_per_s']:.1f} req/s, "
+                    f"P99 {s.get('p99_ms', float('nan')):.2f} ms, errors {s['error_count']}"
+                )
         doc = shadow_doc(base)
         figures = next((q for q in doc["pairs"] if q["shadow"] == shadow), None)
         calls = doc.get("calls")
@@ -164,16 +174,32 @@ def main() -> None:
     on, off = side_summary(parts[True], cpu_s[True]), side_summary(parts[False], cpu_s[False])
     per_round = [(x.summary(), y.summary()) for x, y in zip(parts[True], parts[False])]
     out = {
-        "config": {"primary": primary, "shadow": shadow, "concurrency": a.concurrency, "dist": a.dist,
-                   "rounds": a.rounds, "window_s": a.window, "nodes": num_nodes, "edges": num_edges,
-                   "cores": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-        "with_shadow": on, "without_shadow": off,
-        "ratios": {"p99": on["p99_ms"] / off["p99_ms"], "p50": on["p50_ms"] / off["p50_ms"],
-                   "throughput": on["req_per_s"] / off["req_per_s"],
-                   "per_round_p99": [round(x["p99_ms"] / y["p99_ms"], 3) for x, y in per_round],
-                   "per_round_throughput": [round(x["req_per_s"] / y["req_per_s"], 3) for x, y in per_round]},
+        "config": {
+            "primary": primary,
+            "shadow": shadow,
+            "concurrency": a.concurrency,
+            "dist": a.dist,
+            "rounds": a.rounds,
+            "window_s": a.window,
+            "nodes": num_nodes,
+            "edges": num_edges,
+            "cores": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
+        "with_shadow": on,
+        "without_shadow": off,
+        "ratios": {
+            "p99": on["p99_ms"] / off["p99_ms"],
+            "p50": on["p50_ms"] / off["p50_ms"],
+            "throughput": on["req_per_s"] / off["req_per_s"],
+            "per_round_p99": [round(x["p99_ms"] / y["p99_ms"], 3) for x, y in per_round],
+            "per_round_throughput": [round(x["req_per_s"] / y["req_per_s"], 3) for x, y in per_round],
+        },
         "drain_after_window_s": [round(d, 3) for d in drains],
-        "shadow_figures_warmup": before_figures, "shadow_figures": figures, "shadow_calls": calls,
+        "shadow_figures_warmup": before_figures,
+        "shadow_figures": figures,
+        "shadow_calls": calls,
     }
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
@@ -183,31 +209,41 @@ def main() -> None:
 
 def print_report(out: dict[str, Any]) -> None:
     c = out["config"]
-    print(f"\nshadow canary: single-node /predict, c={c['concurrency']}, {c['dist']} ids, {c['rounds']} rounds x "
-          f"{c['window_s']:.0f} s per side; primary {c['primary']}, shadow {c['shadow']}; {c['cores']} cores, "
-          f"load {c['load_avg_before'][0]:.2f} -> {c['load_avg_after'][0]:.2f}")
+    print(
+        f"\nshadow canary: single-node /predict, c={c['concurrency']}, {c['dist']} ids, {c['rounds']} rounds x "
+        f"{c['window_s']:.0f} s per side; primary {c['primary']}, shadow {c['shadow']}; {c['cores']} cores, "
+        f"load {c['load_avg_before'][0]:.2f} -> {c['load_avg_after'][0]:.2f}"
+    )
     print(f"{'':16}{'req/s':>9}{'P50 ms':>9}{'P99 ms':>9}   windows: req/s | P99 ms")
     for name, key in (("shadow 100%", "with_shadow"), ("no shadow", "without_shadow")):
         s = out[key]
-        print(f"{name:16}{s['req_per_s']:9.1f}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}   "
-              f"{s['per_window_req_per_s']} | {s['per_window_p99_ms']}")
+        print(
+            f"{name:16}{s['req_per_s']:9.1f}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}   "
+            f"{s['per_window_req_per_s']} | {s['per_window_p99_ms']}"
+        )
     r = out["ratios"]
-    print(f"ratios with/without: P99 {r['p99']:.3f} (bar <= 1.2), throughput {r['throughput']:.3f} (bar >= 0.85), "
-          f"P50 {r['p50']:.3f}")
-    print(f"  per round: P99 {r['per_round_p99']} (median {statistics.median(r['per_round_p99']):.3f}), "
-          f"throughput {r['per_round_throughput']} (median {statistics.median(r['per_round_throughput']):.3f})")
+    print(
+        f"ratios with/without: P99 {r['p99']:.3f} (bar <= 1.2), throughput {r['throughput']:.3f} (bar >= 0.85), "
+        f"P50 {r['p50']:.3f}"
+    )
+    print(
+        f"  per round: P99 {r['per_round_p99']} (median {statistics.median(r['per_round_p99']):.3f}), "
+        f"throughput {r['per_round_throughput']} (median {statistics.median(r['per_round_throughput']):.3f})"
+    )
     print("CPU ms per answered request:")
     for name, key in (("shadow 100%", "with_shadow"), ("no shadow", "without_shadow")):
         print(f"  {name:14}" + "  ".join(f"{k} {v:.3f}" for k, v in out[key]["cpu_ms_per_request"].items()))
     print(f"shadow queue drained after each window in {out['drain_after_window_s']} s")
     f = out["shadow_figures"]
     if f:
-        print(f"shadow figures (warm-up included): {f['requests']} requests compared, {f['dropped']} dropped, "
-              f"{f['failed']} failed; agreement {f['agreement']:.4f}; largest probability difference mean "
-              f"{f['probability_diff']['mean']:.4g}, P99 {f['probability_diff']['p99']:.4g}; call latency primary "
-              f"mean {f['latency_s']['primary']['mean'] * 1e3:.2f} ms P99 {f['latency_s']['primary']['p99'] * 1e3:.2f} "
-              f"ms, shadow mean {f['latency_s']['shadow']['mean'] * 1e3:.2f} ms P99 "
-              f"{f['latency_s']['shadow']['p99'] * 1e3:.2f} ms")
+        print(
+            f"shadow figures (warm-up included): {f['requests']} requests compared, {f['dropped']} dropped, "
+            f"{f['failed']} failed; agreement {f['agreement']:.4f}; largest probability difference mean "
+            f"{f['probability_diff']['mean']:.4g}, P99 {f['probability_diff']['p99']:.4g}; call latency primary "
+            f"mean {f['latency_s']['primary']['mean'] * 1e3:.2f} ms P99 {f['latency_s']['primary']['p99'] * 1e3:.2f} "
+            f"ms, shadow mean {f['latency_s']['shadow']['mean'] * 1e3:.2f} ms P99 "
+            f"{f['latency_s']['shadow']['p99'] * 1e3:.2f} ms"
+        )
         if out["shadow_calls"]:
             print(f"  {out['shadow_calls']} shadow calls: {f['requests'] / out['shadow_calls']:.1f} requests per call")
 

@@ -31,7 +31,7 @@ import sys
 from locust import HttpUser, constant, constant_throughput, task
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness.workload import make_dist  # noqa: E402
+from harness.workload import make_dist
 
 NUM_NODES = int(os.environ.get("GSAGE_BENCH_NODES", "100000"))
 SEED = int(os.environ.get("GSAGE_BENCH_SEED", "0"))

@@ -22,9 +22,9 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.app import SplitApp, build_demo_store  # noqa: E402
-from harness.load import LoadResult, Outcomes, answer_outcome, open_loop  # noqa: E402
-from harness.redis_servers import RedisServer  # noqa: E402
+from harness.app import SplitApp, build_demo_store
+from harness.load import LoadResult, Outcomes, answer_outcome, open_loop
+from harness.redis_servers import RedisServer
 
 OUT = Path(__file__).resolve().parent / "results" / "soak.json"
 
@@ -37,14 +37,17 @@ def rss_by_service(app: SplitApp) -> dict[str, float]:
     return out
 
 
-async def soak(url: str, rate: float, seconds: float, window_s: float, on_window: Callable[[LoadResult], None]) -> Outcomes:
+async def soak(
+    url: str, rate: float, seconds: float, window_s: float, on_window: Callable[[LoadResult], None]
+) -> Outcomes:
     """Zipf single-node requests at a fixed arrival rate (``harness.load.open_loop``), one window
     after another; ``on_window`` gets each window's result. Returns the outcomes of all."""
     bodies = [json.dumps({"node_ids": [int(v) % 4000]}).encode() for v in np.random.default_rng(0).zipf(1.5, 20_000)]
     total = Outcomes()
     for window in range(max(1, math.ceil(seconds / window_s))):
-        result = await open_loop(url, bodies, rate, min(window_s, seconds - window * window_s), seed=window,
-                                 classify=answer_outcome)
+        result = await open_loop(
+            url, bodies, rate, min(window_s, seconds - window * window_s), seed=window, classify=answer_outcome
+        )
         total.update(result.outcomes or {})
         on_window(result)
     return total
@@ -73,10 +76,14 @@ def main() -> int:
             nonlocal errors
             summary = result.summary()
             errors += summary["error_count"]
-            row = {"t_s": round(len(windows) * args.window + args.window, 1), "requests": summary["sent"],
-                   "p50_ms": round(summary["p50_ms"], 2) if "p50_ms" in summary else None,
-                   "p99_ms": round(summary["p99_ms"], 2) if "p99_ms" in summary else None,
-                   "errors_so_far": errors, "rss_mib": {k: round(v, 1) for k, v in rss_by_service(app).items()}}
+            row = {
+                "t_s": round(len(windows) * args.window + args.window, 1),
+                "requests": summary["sent"],
+                "p50_ms": round(summary["p50_ms"], 2) if "p50_ms" in summary else None,
+                "p99_ms": round(summary["p99_ms"], 2) if "p99_ms" in summary else None,
+                "errors_so_far": errors,
+                "rss_mib": {k: round(v, 1) for k, v in rss_by_service(app).items()},
+            }
             windows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -87,14 +94,22 @@ def main() -> int:
         redis.stop()
     p99 = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
     summary = {
-        "minutes": args.minutes, "rate_per_s": args.rate, "outcomes": dict(outcomes),
+        "minutes": args.minutes,
+        "rate_per_s": args.rate,
+        "outcomes": dict(outcomes),
         "errors": sum(v for k, v in outcomes.items() if not k.startswith("graphsage:")),
-        "p99_first_window_ms": p99[0] if p99 else None, "p99_last_window_ms": p99[-1] if p99 else None,
+        "p99_first_window_ms": p99[0] if p99 else None,
+        "p99_last_window_ms": p99[-1] if p99 else None,
         "memory_growth_pct": {k: round((last_rss[k] / first_rss[k] - 1) * 100, 1) for k in first_rss},
         # After the first window the caches (L1 up to GSAGE_L1_BYTES) are warm: growth from there is drift.
         "memory_growth_after_first_window_pct": {
-            k: round((last_rss[k] / windows[0]["rss_mib"][k] - 1) * 100, 1) for k in first_rss} if windows else {},
-        "rss_start_mib": first_rss, "rss_end_mib": last_rss, "windows": windows,
+            k: round((last_rss[k] / windows[0]["rss_mib"][k] - 1) * 100, 1) for k in first_rss
+        }
+        if windows
+        else {},
+        "rss_start_mib": first_rss,
+        "rss_end_mib": last_rss,
+        "windows": windows,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(summary, indent=2))

@@ -55,8 +55,12 @@ def docker_daemon() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        return subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              timeout=15).returncode == 0
+        return (
+            subprocess.run(
+                ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=15
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -70,14 +74,20 @@ def pick_backend(backend: str = "auto") -> str:
     for name in DAEMONLESS:
         if shutil.which(name):
             return name
-    raise RuntimeError("no image builder: no Docker daemon answers and neither buildah nor podman is installed "
-                       "(apt-get install buildah podman runc)")
+    raise RuntimeError(
+        "no image builder: no Docker daemon answers and neither buildah nor podman is installed "
+        "(apt-get install buildah podman runc)"
+    )
 
 
 def host_ca_bundle() -> str:
     """This machine's CA bundle (the one its own pip and curl trust)."""
-    for candidate in (os.environ.get("SSL_CERT_FILE"), os.environ.get("PIP_CERT"), ssl.get_default_verify_paths().cafile,
-                      "/etc/ssl/certs/ca-certificates.crt"):
+    for candidate in (
+        os.environ.get("SSL_CERT_FILE"),
+        os.environ.get("PIP_CERT"),
+        ssl.get_default_verify_paths().cafile,
+        "/etc/ssl/certs/ca-certificates.crt",
+    ):
         if candidate and os.path.isfile(candidate):
             return candidate
     return ""
@@ -104,8 +114,9 @@ def build_mounts(ca_bundle: str, find_links: str | None) -> Iterator[list[str]]:
 
 def image_size(image: str, runtime: str = "podman") -> int:
     """The image's size in bytes (uncompressed layers, as ``podman images`` shows it)."""
-    out = subprocess.run([runtime, "image", "inspect", "--format", "{{.Size}}", image], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [runtime, "image", "inspect", "--format", "{{.Size}}", image], capture_output=True, text=True, timeout=60
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{runtime} image inspect {image}: {out.stderr.strip()}")
     return int(out.stdout.strip())
@@ -119,8 +130,13 @@ def image_exists(image: str, runtime: str = "podman") -> bool:
 
 def image_env(image: str, runtime: str = "podman") -> dict[str, str]:
     """The image's ``ENV`` (the bentofile's envs, the pinned model tags among them)."""
-    out = subprocess.run([runtime, "image", "inspect", "--format", "{{json .Config.Env}}", image], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [runtime, "image", "inspect", "--format", "{{json .Config.Env}}", image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return dict(item.partition("=")[::2] for item in json.loads(out.stdout) or [])
 
 
@@ -144,8 +160,13 @@ class Built:
         return f"image {', '.join(self.images)}: built in {self.seconds:.0f} s with {self.backend}, {size}"
 
 
-def build(bento_tag: str, images: tuple[str, ...], backend: str = "auto", ca_bundle: str | None = None,
-          find_links: str | None = None) -> Built:
+def build(
+    bento_tag: str,
+    images: tuple[str, ...],
+    backend: str = "auto",
+    ca_bundle: str | None = None,
+    find_links: str | None = None,
+) -> Built:
     """``bentoml containerize`` of ``bento_tag`` into ``images``; raises when the build fails."""
     from common.bento.release import containerize, load_bento
 
@@ -161,15 +182,17 @@ def build(bento_tag: str, images: tuple[str, ...], backend: str = "auto", ca_bun
         with build_mounts(ca_bundle, find_links) as volumes:
             if volumes:
                 options["volume"] = volumes  # a list: one --volume each (a tuple would be joined)
-            _say(f"containerize (bentoml.container.build) {tag} --backend {backend} "
-                 + " ".join(f"-t {i}" for i in images) + " isolation=chroot layers"
-                 + "".join(f" volume={v}" for v in volumes))
+            _say(
+                f"containerize (bentoml.container.build) {tag} --backend {backend} "
+                + " ".join(f"-t {i}" for i in images)
+                + " isolation=chroot layers"
+                + "".join(f" volume={v}" for v in volumes)
+            )
             ok = containerize(tag, backend, images, **options)
     else:
         if find_links:
             raise RuntimeError("--find-links needs buildah or podman (a docker build takes no volumes)")
-        _say(f"containerize (bentoml.container.build) {tag} --backend {backend} "
-             + " ".join(f"-t {i}" for i in images))
+        _say(f"containerize (bentoml.container.build) {tag} --backend {backend} " + " ".join(f"-t {i}" for i in images))
         ok = containerize(tag, backend, images)
     seconds = time.monotonic() - start
     if not ok:

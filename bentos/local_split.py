@@ -135,10 +135,19 @@ def stop_proc(p: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> No
 class SplitDeployment:
     """Gateway + FeatureRunner + GraphSAGERunner from one bento directory."""
 
-    def __init__(self, bento_path: Path, state_dir: Path, host: str = "127.0.0.1", gateway_port: int = 3000,
-                 feature_port: int = 3010, model_port: int = 3020, feature_workers: int = 1,
-                 model_workers: int = 2, env: dict[str, str] | None = None,
-                 base_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bento_path: Path,
+        state_dir: Path,
+        host: str = "127.0.0.1",
+        gateway_port: int = 3000,
+        feature_port: int = 3010,
+        model_port: int = 3020,
+        feature_workers: int = 1,
+        model_workers: int = 2,
+        env: dict[str, str] | None = None,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.bento_path, self.state_dir, self.host = Path(bento_path).resolve(), Path(state_dir).resolve(), host
         self.extra_env = dict(env or {})
@@ -146,10 +155,16 @@ class SplitDeployment:
             ensure_shared_token()  # none configured: the three processes share a fresh one
             self.extra_env[TOKENS_ENV] = os.environ[TOKENS_ENV]
         self.model = Proc("GraphSAGERunner", model_port, model_workers, host=host)
-        self.feature = Proc("FeatureRunner", feature_port, feature_workers, host=host,
-                            depends={"GraphSAGERunner": self.model.url})
-        self.gateway = Proc("Gateway", gateway_port, 1, host=host,
-                            depends={"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url})
+        self.feature = Proc(
+            "FeatureRunner", feature_port, feature_workers, host=host, depends={"GraphSAGERunner": self.model.url}
+        )
+        self.gateway = Proc(
+            "Gateway",
+            gateway_port,
+            1,
+            host=host,
+            depends={"FeatureRunner": self.feature.url, "GraphSAGERunner": self.model.url},
+        )
 
     @property
     def procs(self) -> list[Proc]:
@@ -164,7 +179,7 @@ class SplitDeployment:
         os.replace(tmp, self.state_dir / STATE_FILE)
 
     @classmethod
-    def load(cls, state_dir: Path) -> "SplitDeployment":
+    def load(cls, state_dir: Path) -> SplitDeployment:
         state = json.loads((Path(state_dir) / STATE_FILE).read_text())
         dep = cls(Path(state["bento_path"]), Path(state_dir), host=state["host"])
         procs = {p["name"]: Proc(**p) for p in state["procs"]}
@@ -175,8 +190,14 @@ class SplitDeployment:
     def env_for(self, p: Proc) -> dict[str, str]:
         home = self.state_dir / f"home-{p.name}"
         home.mkdir(parents=True, exist_ok=True)
-        env = {**bento_envs(self.bento_path), **self.base_env, **self.extra_env,
-               "BENTOML_HOME": str(home), "BENTO_PATH": str(self.bento_path), "BENTOML_DO_NOT_TRACK": "true"}
+        env = {
+            **bento_envs(self.bento_path),
+            **self.base_env,
+            **self.extra_env,
+            "BENTOML_HOME": str(home),
+            "BENTO_PATH": str(self.bento_path),
+            "BENTOML_DO_NOT_TRACK": "true",
+        }
         # `python` of the entrypoint = this interpreter (the image puts /app/.venv/bin first).
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
         env.pop("PORT", None)  # the entrypoint would turn it into BENTOML_PORT
@@ -188,8 +209,17 @@ class SplitDeployment:
         ``$BENTO_PATH`` and execs BentoML's ``start-http-server`` (``common.bento.launch``)
         (same PID). ``--api-workers`` is passed as the container would, though BentoML 1.4.40
         ignores it for new-style services (``workers`` comes from BENTOML_CONFIG_OVERRIDES)."""
-        args = ["start-http-server", "--service-name", p.name, "--host", self.host, "--port", str(p.port),
-                "--api-workers", str(p.workers)]
+        args = [
+            "start-http-server",
+            "--service-name",
+            p.name,
+            "--host",
+            self.host,
+            "--port",
+            str(p.port),
+            "--api-workers",
+            str(p.workers),
+        ]
         for dep, url in p.depends.items():
             args += ["--depends", f"{dep}={url}"]
         entrypoint = self.bento_path / "env" / "docker" / "entrypoint.sh"
@@ -200,9 +230,15 @@ class SplitDeployment:
     def start_one(self, p: Proc, wait_s: float) -> None:
         p.log = str(self.state_dir / f"{p.name}.log")
         with open(p.log, "ab") as log:
-            proc = subprocess.Popen(self.command(p), cwd=self.bento_path / "src", env=self.env_for(p),
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                self.command(p),
+                cwd=self.bento_path / "src",
+                env=self.env_for(p),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         p.pid, p.create_time = proc.pid, psutil.Process(proc.pid).create_time()
         self.save()
         deadline = time.monotonic() + wait_s
@@ -214,7 +250,7 @@ class SplitDeployment:
             time.sleep(0.3)
         raise TimeoutError(f"{p.name} not ready after {wait_s:.0f}s:\n{tail(p.log)}")
 
-    def up(self, wait_s: float = 120.0) -> "SplitDeployment":
+    def up(self, wait_s: float = 120.0) -> SplitDeployment:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             for p in self.procs:
@@ -229,10 +265,19 @@ class SplitDeployment:
             stop_proc(p)
 
     def status(self) -> dict[str, dict]:
-        return {p.name: {"pid": p.pid, "url": p.url, "running": _alive(p) is not None,
-                         "ready": _ready(p.url), "workers": p.workers, "log": p.log} for p in self.procs}
+        return {
+            p.name: {
+                "pid": p.pid,
+                "url": p.url,
+                "running": _alive(p) is not None,
+                "ready": _ready(p.url),
+                "workers": p.workers,
+                "log": p.log,
+            }
+            for p in self.procs
+        }
 
-    def __enter__(self) -> "SplitDeployment":
+    def __enter__(self) -> SplitDeployment:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
@@ -284,8 +329,17 @@ def main(argv: list[str] | None = None) -> int:
         env = _env_pairs(args.env)
         if args.grpc_port is not None:
             env["GSAGE_GRPC_PORT"] = str(args.grpc_port)
-        dep = SplitDeployment(layout(args.bento, state_dir), state_dir, args.host, args.gateway_port,
-                              args.feature_port, args.model_port, args.feature_workers, args.model_workers, env)
+        dep = SplitDeployment(
+            layout(args.bento, state_dir),
+            state_dir,
+            args.host,
+            args.gateway_port,
+            args.feature_port,
+            args.model_port,
+            args.feature_workers,
+            args.model_workers,
+            env,
+        )
         dep.up(args.wait)
         print(json.dumps(dep.status(), indent=2))
         return 0

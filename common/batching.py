@@ -159,7 +159,7 @@ class AdaptiveBatcher(Generic[T, R]):
                     break
                 try:
                     nxt = self._dequeued(await asyncio.wait_for(self._queue.get(), remaining))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             else:
                 nxt = self._dequeued(self._queue.get_nowait())

@@ -49,9 +49,7 @@ class BreakerOpen(Exception):
     def __init__(self, name: str, retry_after_s: float) -> None:
         self.name = name
         self.retry_after_s = max(0.0, retry_after_s)
-        super().__init__(
-            f"{name} is unavailable (circuit open); retry in {self.retry_after_s:.1f}s"
-        )
+        super().__init__(f"{name} is unavailable (circuit open); retry in {self.retry_after_s:.1f}s")
 
 
 class CircuitBreaker:
@@ -162,10 +160,7 @@ class CircuitBreaker:
         if self._state is BreakerState.OPEN:
             return  # already open; a late failure does not extend the window
         self._consecutive_failures += 1
-        if (
-            self._state is BreakerState.HALF_OPEN
-            or self._consecutive_failures >= self.failure_threshold
-        ):
+        if self._state is BreakerState.HALF_OPEN or self._consecutive_failures >= self.failure_threshold:
             self._transition(BreakerState.OPEN)
 
     def release_probe(self) -> None:

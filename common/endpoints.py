@@ -177,8 +177,14 @@ class EndpointRouter:
     """ASGI middleware: answers every request for one of ``endpoints`` by calling the core
     ``target()`` returns; anything else passes to ``app``. ``server_name``: the ``Server`` header."""
 
-    def __init__(self, app: App, endpoints: Iterable[Endpoint[Any, Any]], target: Callable[[], Any],
-                 server_name: str = "", documents: Mapping[str, Callable[[], dict[str, Any]]] | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        endpoints: Iterable[Endpoint[Any, Any]],
+        target: Callable[[], Any],
+        server_name: str = "",
+        documents: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
+    ) -> None:
         """``documents``: GET path -> a JSON document, built on its first request and kept."""
         self.app = app
         self._routes = {(ep.method, ep.path): ep for ep in endpoints}
@@ -201,7 +207,7 @@ class EndpointRouter:
             return  # the client went away
         try:
             answer = endpoint.answers.encode(await endpoint.call(self._target(), endpoint.takes.decode(body)))
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+        except Exception as exc:
             return await send_error(send, as_api_error(exc, f"{endpoint.path} [{endpoint.method}]"))
         await self._send(send, endpoint.answers.media_type, answer)
 
@@ -231,8 +237,9 @@ async def read_body(receive: Receive) -> bytes | None:
 # -- the OpenAPI document ------------------------------------------------------------------------
 
 
-def openapi_paths(endpoints: Iterable[Endpoint[Any, Any]], tag: str,
-                  errors: Mapping[int, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def openapi_paths(
+    endpoints: Iterable[Endpoint[Any, Any]], tag: str, errors: Mapping[int, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(paths, component schemas) of ``endpoints``: each operation's body and answer from its
     codecs, and every error status of ``errors`` (status -> when) answered with ``ErrorBody``."""
     paths: dict[str, Any] = {}
@@ -249,10 +256,16 @@ def openapi_paths(endpoints: Iterable[Endpoint[Any, Any]], tag: str,
 
     for ep in endpoints:
         operation: dict[str, Any] = {
-            "tags": [tag], "operationId": f"{tag}__{ep.name}", "summary": ep.summary,
-            "responses": {"200": {"description": "Successful Response", "content": content(ep.answers)},
-                          **{str(status): {"description": when, "content": {JSON: {"schema": error_ref}}}
-                             for status, when in sorted(errors.items())}},
+            "tags": [tag],
+            "operationId": f"{tag}__{ep.name}",
+            "summary": ep.summary,
+            "responses": {
+                "200": {"description": "Successful Response", "content": content(ep.answers)},
+                **{
+                    str(status): {"description": when, "content": {JSON: {"schema": error_ref}}}
+                    for status, when in sorted(errors.items())
+                },
+            },
         }
         if ep.method != "GET" and ep.takes is not NO_BODY:
             operation["requestBody"] = {"required": True, "content": content(ep.takes)}
@@ -264,5 +277,9 @@ def openapi_document(title: str, endpoints: Iterable[Endpoint[Any, Any]], errors
     """A whole OpenAPI 3.1 document of ``endpoints`` (a runner's: BentoML documents only the
     bento's main service)."""
     paths, schemas = openapi_paths(endpoints, title, errors)
-    return {"openapi": "3.1.0", "info": {"title": title, "version": "1"}, "paths": paths,
-            "components": {"schemas": schemas}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": "1"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }

@@ -42,10 +42,23 @@ ANSWER_MARK = "graphsage.error"
 
 # The type of an error that names no kind of its own, by status.
 TYPES_BY_STATUS = {
-    400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    406: "not_acceptable", 408: "timeout", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
-    422: "unprocessable", 429: "rate_limited", 500: "internal", 501: "not_implemented", 502: "bad_gateway",
-    503: "unavailable", 504: "timeout",
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    408: "timeout",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "unprocessable",
+    429: "rate_limited",
+    500: "internal",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "unavailable",
+    504: "timeout",
 }
 
 
@@ -54,11 +67,14 @@ class ErrorBody(BaseModel):
 
     error: str = Field(description="What went wrong, for a person: names the field and the reason for bad input.")
     status: int = Field(ge=400, le=599, description="The HTTP status of the answer.")
-    type: str = Field(pattern=r"^[a-z][a-z0-9_]*$",
-                      description="What went wrong, for a program: e.g. `invalid_request`, `unknown_version`, "
-                                  "`rate_limited`, `model_runner_unavailable`.")
-    param: str | None = Field(None, description="The field (`node_ids.0`) or header (`Content-Type`) at fault, "
-                                                "for bad input.")
+    type: str = Field(
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="What went wrong, for a program: e.g. `invalid_request`, `unknown_version`, "
+        "`rate_limited`, `model_runner_unavailable`.",
+    )
+    param: str | None = Field(
+        None, description="The field (`node_ids.0`) or header (`Content-Type`) at fault, for bad input."
+    )
 
 
 def type_for_status(status: int) -> str:
@@ -70,8 +86,15 @@ class ApiError(Exception):
 
     kinds: ClassVar[dict[str, type[KindOfError]]] = {}
 
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None, *,
-                 type: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = int(status)
         self.message = message
@@ -89,8 +112,9 @@ class ApiError(Exception):
         """400 from a pydantic ``ValidationError``, naming each field and the reason; ``param``
         is the first field at fault."""
         errors = exc.errors(include_url=False)
-        return cls(400, describe_validation(errors, what, exc.error_count()), param=_location(errors[0]) if errors
-                   else None)
+        return cls(
+            400, describe_validation(errors, what, exc.error_count()), param=_location(errors[0]) if errors else None
+        )
 
     def to_body(self) -> ErrorBody:
         return ErrorBody(error=self.message, status=self.status, type=self.type, param=self.param)
@@ -142,13 +166,16 @@ class KindOfError(ApiError):
             cls.error_type = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
         known = ApiError.kinds.get(cls.error_type)
         if known is not None and known.__qualname__ != cls.__qualname__:  # (a module reloaded: the same)
-            raise TypeError(f"error type {cls.error_type!r} of {cls.__module__}.{cls.__qualname__} is already "
-                            f"{known.__module__}.{known.__qualname__}'s: one kind, one type")
+            raise TypeError(
+                f"error type {cls.error_type!r} of {cls.__module__}.{cls.__qualname__} is already "
+                f"{known.__module__}.{known.__qualname__}'s: one kind, one type"
+            )
         ApiError.kinds[cls.error_type] = cls
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(type(self).status_code, message, type(self).headers_of_kind, type=type(self).error_type,
-                         param=param)
+        super().__init__(
+            type(self).status_code, message, type(self).headers_of_kind, type=type(self).error_type, param=param
+        )
 
 
 def retry_after_seconds(seconds: float) -> int:
@@ -175,6 +202,7 @@ def describe_validation(errors: Iterable[Mapping[str, Any]], what: str = "reques
 async def send_error(send: Send, exc: ApiError) -> None:
     """Answer an ASGI request with ``exc`` (marked as an ApiError's answer: ``ANSWER_MARK``)."""
     body = exc.body
-    await send({"type": "http.response.start", "status": exc.status, "headers": exc.raw_headers(len(body)),
-                ANSWER_MARK: True})
+    await send(
+        {"type": "http.response.start", "status": exc.status, "headers": exc.raw_headers(len(body)), ANSWER_MARK: True}
+    )
     await send({"type": "http.response.body", "body": body})

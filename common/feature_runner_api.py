@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import orjson
@@ -49,7 +49,7 @@ class ModelRunnerUnavailable(KindOfError):
     runner's breaker, and the client gets it as it is)."""
 
     status_code = 503
-    headers_of_kind = {"Retry-After": "1"}
+    headers_of_kind: ClassVar[dict[str, str]] = {"Retry-After": "1"}
 
 
 class NotAppliedYet(KindOfError):
@@ -57,7 +57,7 @@ class NotAppliedYet(KindOfError):
     wait: retry shortly (no failure of the FeatureRunner)."""
 
     status_code = 503
-    headers_of_kind = {"Retry-After": "1"}
+    headers_of_kind: ClassVar[dict[str, str]] = {"Retry-After": "1"}
 
 
 class ExplainTooLarge(KindOfError):
@@ -69,9 +69,11 @@ class ExplainTooLarge(KindOfError):
 def check_explain_size(nodes: int, limit: int) -> None:
     """Raise ``ExplainTooLarge`` naming the limit when ``nodes`` is over it."""
     if nodes > limit:
-        raise ExplainTooLarge(f"explain: {nodes} node ids in one request; at most {limit} per explained request "
-                              f"(GSAGE_EXPLAIN_MAX_NODES): each costs one more tree per hop-1 neighbour",
-                              param="node_ids")
+        raise ExplainTooLarge(
+            f"explain: {nodes} node ids in one request; at most {limit} per explained request "
+            f"(GSAGE_EXPLAIN_MAX_NODES): each costs one more tree per hop-1 neighbour",
+            param="node_ids",
+        )
 
 
 # -- predict -----------------------------------------------------------------------------------------
@@ -111,8 +113,13 @@ class PredictBatch:
 
 def encode_predict(batch: PredictBatch) -> bytes:
     arrays = {"node_ids": batch.node_ids}
-    options: dict[str, Any] = {"model": batch.model, "embedding": batch.embedding, "dtype": batch.dtype,
-                               "fanout": list(batch.fanout) if batch.fanout else None, "seed": batch.seed}
+    options: dict[str, Any] = {
+        "model": batch.model,
+        "embedding": batch.embedding,
+        "dtype": batch.dtype,
+        "fanout": list(batch.fanout) if batch.fanout else None,
+        "seed": batch.seed,
+    }
     if options["seed"] is None:
         arrays["seeds"] = batch.seeds
     if batch.min_sequence:
@@ -142,7 +149,9 @@ def decode_predict(body: bytes) -> PredictBatch:
     if seeds is not None and (seeds.dtype != np.int64 or seeds.shape != ids.shape):
         raise _bad("seeds must be int64, one per node id")
     seed = options.get("seed")
-    if (seeds is None) == (seed is None) or seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+    if (seeds is None) == (seed is None) or (
+        seed is not None and (not isinstance(seed, int) or isinstance(seed, bool))
+    ):
         raise _bad("one integer seed in the options, or a seeds array, not both")
     model, embedding, dtype = options.get("model"), options.get("embedding"), options.get("dtype", "float32")
     if not isinstance(model, str) or not isinstance(embedding, bool) or dtype not in TRANSPORT_DTYPES:
@@ -151,12 +160,21 @@ def decode_predict(body: bytes) -> PredictBatch:
     if not isinstance(min_sequence, int) or isinstance(min_sequence, bool) or min_sequence < 0:
         raise _bad("options: min_sequence must be an integer >= 0")
     explain, layout, fanout = options.get("explain", False), options.get("layout"), options.get("fanout")
-    if not isinstance(explain, bool) or layout is not None and not isinstance(layout, str):
+    if not isinstance(explain, bool) or (layout is not None and not isinstance(layout, str)):
         raise _bad("options: explain must be a bool, layout a string or absent")
     if fanout is not None and (not isinstance(fanout, list) or not all(isinstance(k, int) for k in fanout)):
         raise _bad("options: fanout must be a list of integers or absent")
-    return PredictBatch(ids, np.full(ids.shape, seed, np.int64) if seeds is None else seeds, model,
-                        tuple(fanout) if fanout else None, embedding, dtype, min_sequence, explain, layout)
+    return PredictBatch(
+        ids,
+        np.full(ids.shape, seed, np.int64) if seeds is None else seeds,
+        model,
+        tuple(fanout) if fanout else None,
+        embedding,
+        dtype,
+        min_sequence,
+        explain,
+        layout,
+    )
 
 
 PREDICT_BODY = Binary(encode_predict, decode_predict, "wire.envelope(options, wire.pack({node_ids[, seeds]}))")
@@ -192,8 +210,9 @@ FEATURE_TENSOR = Binary(encode, _decode_tensor, "an encoded FeatureTensor (commo
 class CompactRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    upto: StrictInt | None = Field(None, ge=0, le=MAX_NODE_ID,
-                                   description="Fold the log up to this sequence (default: all of it).")
+    upto: StrictInt | None = Field(
+        None, ge=0, le=MAX_NODE_ID, description="Fold the log up to this sequence (default: all of it)."
+    )
 
 
 class GraphOpsBody:
@@ -216,33 +235,67 @@ class GraphOpsBody:
         return ops
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "object", "properties": {"ops": {"type": "array", "items": {"type": "object"}}},
-                "required": ["ops"], "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {"ops": {"type": "array", "items": {"type": "object"}}},
+            "required": ["ops"],
+            "additionalProperties": False,
+        }
 
 
-PREDICT = Endpoint("predict", "/predict", PREDICT_BODY, PACKED,
-                   "Sample, fetch and run the model: the model runner's answer (and the explanation).")
-FEATURES = Endpoint("features", "/features", JsonModel(FeaturesRequest), FEATURE_TENSOR,
-                    "Sample and fetch: the FeatureTensor itself.")
-INFO = Endpoint("info", "/info", NO_BODY, JsonDocument("snapshot, fanout limits and cache counters"),
-                "The snapshot served, the fanout limits and cache counters per level.")
-GRAPH_UPDATE = Endpoint("graph_update", "/graph_update", GraphOpsBody(), JsonModel(GraphUpdateAck),
-                        "Validate a batch of graph updates whole, append it durably to the update log, apply it.",
-                        idempotent=False)
-GRAPH_STATUS = Endpoint("graph_status", "/graph_status", NO_BODY,
-                        JsonDocument("the log's head and every worker's applied sequence, lag and overlay"),
-                        "The update log's head and every worker's applied sequence, lag and overlay.")
-GRAPH_COMPACT = Endpoint("graph_compact", "/graph_compact", JsonModel(CompactRequest), JsonDocument("the new snapshot"),
-                         "Fold the update log into a new graph snapshot that every worker then switches to.",
-                         idempotent=False)
+PREDICT = Endpoint(
+    "predict",
+    "/predict",
+    PREDICT_BODY,
+    PACKED,
+    "Sample, fetch and run the model: the model runner's answer (and the explanation).",
+)
+FEATURES = Endpoint(
+    "features", "/features", JsonModel(FeaturesRequest), FEATURE_TENSOR, "Sample and fetch: the FeatureTensor itself."
+)
+INFO = Endpoint(
+    "info",
+    "/info",
+    NO_BODY,
+    JsonDocument("snapshot, fanout limits and cache counters"),
+    "The snapshot served, the fanout limits and cache counters per level.",
+)
+GRAPH_UPDATE = Endpoint(
+    "graph_update",
+    "/graph_update",
+    GraphOpsBody(),
+    JsonModel(GraphUpdateAck),
+    "Validate a batch of graph updates whole, append it durably to the update log, apply it.",
+    idempotent=False,
+)
+GRAPH_STATUS = Endpoint(
+    "graph_status",
+    "/graph_status",
+    NO_BODY,
+    JsonDocument("the log's head and every worker's applied sequence, lag and overlay"),
+    "The update log's head and every worker's applied sequence, lag and overlay.",
+)
+GRAPH_COMPACT = Endpoint(
+    "graph_compact",
+    "/graph_compact",
+    JsonModel(CompactRequest),
+    JsonDocument("the new snapshot"),
+    "Fold the update log into a new graph snapshot that every worker then switches to.",
+    idempotent=False,
+)
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (PREDICT, FEATURES, INFO, GRAPH_UPDATE, GRAPH_STATUS, GRAPH_COMPACT)
 # What the endpoints answer besides a result (the OpenAPI document's error responses).
-ERRORS = {400: "a malformed body, or a batch of ops that is not one", 401: "no accepted service token",
-          404: "a node id that is not a node, or an unknown version", 406: "an Accept that excludes the answer",
-          409: "the update log is behind the snapshot", 413: "too many ops, or too many ids to explain",
-          415: "a body of another media type",
-          422: "a batch of ops that does not apply to the graph, too many node ids, a min_sequence never issued",
-          503: "the model runner or the update log unavailable, an update not applied yet, starting, overloaded"}
+ERRORS = {
+    400: "a malformed body, or a batch of ops that is not one",
+    401: "no accepted service token",
+    404: "a node id that is not a node, or an unknown version",
+    406: "an Accept that excludes the answer",
+    409: "the update log is behind the snapshot",
+    413: "too many ops, or too many ids to explain",
+    415: "a body of another media type",
+    422: "a batch of ops that does not apply to the graph, too many node ids, a min_sequence never issued",
+    503: "the model runner or the update log unavailable, an update not applied yet, starting, overloaded",
+}
 
 
 class FeatureRunnerApi:

@@ -91,8 +91,11 @@ class FeatureTensor:
         for depth, idx in enumerate(self.index):
             if depth and (idx.ndim != 2 or idx.shape[0] != parents):
                 raise FeatureTensorError(
-                    f"index[{depth}] must be [{parents}, k{depth}] (one row per real node of hop {depth - 1}), got {idx.shape}")
-            bound, what = (self.last_rows.size, "last_rows") if premean and depth == len(self.index) - 1 else (rows, "features")
+                    f"index[{depth}] must be [{parents}, k{depth}] (one row per real node of hop {depth - 1}), got {idx.shape}"
+                )
+            bound, what = (
+                (self.last_rows.size, "last_rows") if premean and depth == len(self.index) - 1 else (rows, "features")
+            )
             if idx.size and (int(idx.max()) >= bound or int(idx.min()) < -1):
                 raise FeatureTensorError(f"index[{depth}] points outside {what} [0, {bound})")
             parents = int((idx >= 0).sum())
@@ -101,11 +104,15 @@ class FeatureTensor:
         if len(self.index) < 2 or self.last_rows is None or self.last_rows.ndim != 1:
             raise FeatureTensorError("a premean tensor has at least idx0 and idx1, and last_rows [E]")
         if not self.last_rows.size:
-            raise FeatureTensorError("a premean tensor needs at least one last-hop entry (send the level layout "
-                                     "when no target has a neighbour)")
+            raise FeatureTensorError(
+                "a premean tensor needs at least one last-hop entry (send the level layout "
+                "when no target has a neighbour)"
+            )
         if self.last_mean.shape != (self.last_rows.size, self.features.shape[1]):
-            raise FeatureTensorError(f"last_mean must be [{self.last_rows.size}, {self.features.shape[1]}] (one row per "
-                                     f"entry of last_rows), got {self.last_mean.shape}")
+            raise FeatureTensorError(
+                f"last_mean must be [{self.last_rows.size}, {self.features.shape[1]}] (one row per "
+                f"entry of last_rows), got {self.last_mean.shape}"
+            )
         if self.last_rows.size and (int(self.last_rows.min()) < 0 or int(self.last_rows.max()) >= rows):
             raise FeatureTensorError(f"last_rows points outside features [0, {rows})")
         if self.last_fanout < 1:
@@ -159,10 +166,17 @@ def decode(blob: bytes | bytearray | memoryview) -> FeatureTensor:
     if features.dtype.kind != "f" or any(a.dtype != np.int32 for a in index):
         raise FeatureTensorError("features must be float and index arrays int32")
     last_fanout = meta.get("last_fanout", 0)
-    if last_mean is not None and (last_mean.dtype != features.dtype or last_rows.dtype != np.int32
-                                  or not isinstance(last_fanout, int)):
+    if last_mean is not None and (
+        last_mean.dtype != features.dtype or last_rows.dtype != np.int32 or not isinstance(last_fanout, int)
+    ):
         raise FeatureTensorError("last_mean must have the dtype of features, last_rows int32, last_fanout an integer")
-    ft = FeatureTensor(features=features, index=index, snapshot=str(meta.get("snapshot", "")), last_rows=last_rows,
-                       last_mean=last_mean, last_fanout=last_fanout if last_mean is not None else 0)
+    ft = FeatureTensor(
+        features=features,
+        index=index,
+        snapshot=str(meta.get("snapshot", "")),
+        last_rows=last_rows,
+        last_mean=last_mean,
+        last_fanout=last_fanout if last_mean is not None else 0,
+    )
     ft.validate()
     return ft

@@ -57,19 +57,32 @@ class OpSpec:
 
 
 OPS: tuple[OpSpec, ...] = (
-    OpSpec("add_node", (OpField("id", "node", description="The new node's id (the caller's id space, below the "
-                                                          "configured capacity)."),
-                        OpField("features", "features", description="Its feature vector (the snapshot's width)."),
-                        OpField("label", "label", required=False, description="Its class (or tags), for training.")),
-           "Add a node with its features."),
+    OpSpec(
+        "add_node",
+        (
+            OpField(
+                "id", "node", description="The new node's id (the caller's id space, below the configured capacity)."
+            ),
+            OpField("features", "features", description="Its feature vector (the snapshot's width)."),
+            OpField("label", "label", required=False, description="Its class (or tags), for training."),
+        ),
+        "Add a node with its features.",
+    ),
     OpSpec("set_features", (OpField("id", "node"), OpField("features", "features")), "Replace a node's features."),
-    OpSpec("add_edge", (OpField("src", "node"),
-                        OpField("dst", "node", description="An undirected graph gets the edge in both directions.")),
-           "Add an edge."),
+    OpSpec(
+        "add_edge",
+        (
+            OpField("src", "node"),
+            OpField("dst", "node", description="An undirected graph gets the edge in both directions."),
+        ),
+        "Add an edge.",
+    ),
     OpSpec("remove_edge", (OpField("src", "node"), OpField("dst", "node")), "Remove every copy of an edge."),
-    OpSpec("remove_node", (OpField("id", "node", description="The node and all its edges go; predicting it "
-                                                             "answers 404."),),
-           "Remove a node and its edges."),
+    OpSpec(
+        "remove_node",
+        (OpField("id", "node", description="The node and all its edges go; predicting it answers 404."),),
+        "Remove a node and its edges.",
+    ),
 )
 BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in OPS}
 OP_NAMES: tuple[str, ...] = tuple(BY_NAME)
@@ -81,8 +94,9 @@ class BatchRejected(ApiError):
     why; ``param`` is ``ops.<index>.<field>``."""
 
     def __init__(self, index: int, op: str, field: str, reason: str, status: int = 422) -> None:
-        super().__init__(status, f"op {index} ({op}): {field}: {reason}", type="batch_rejected",
-                         param=f"ops.{index}.{field}")
+        super().__init__(
+            status, f"op {index} ({op}): {field}: {reason}", type="batch_rejected", param=f"ops.{index}.{field}"
+        )
         self.index, self.op, self.field, self.reason = index, op, field, reason
 
 

@@ -7,8 +7,27 @@ from __future__ import annotations
 from typing import Any
 
 # Fine around 1 ms: the feature-retrieval SLO (P99 <= 1 ms) is read from these buckets.
-LATENCY_BUCKETS = (0.0002, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
-                   0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
+LATENCY_BUCKETS = (
+    0.0002,
+    0.0005,
+    0.00075,
+    0.001,
+    0.00125,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 

@@ -96,17 +96,32 @@ class ModelsReport(BaseModel):
 
 
 INFER = Endpoint("infer", "/infer", INFER_BODY, PACKED, "Run a model on a FeatureTensor: logits and probabilities.")
-LOAD = Endpoint("load", "/load", JsonModel(LoadRequest), JsonModel(ModelInfo),
-                "Hot-load a version (idempotent): into this worker now, the others within the sync interval.")
-UNLOAD = Endpoint("unload", "/unload", JsonModel(LoadRequest), JsonModel(Unloaded),
-                  "Unload a version from every worker of this service.")
+LOAD = Endpoint(
+    "load",
+    "/load",
+    JsonModel(LoadRequest),
+    JsonModel(ModelInfo),
+    "Hot-load a version (idempotent): into this worker now, the others within the sync interval.",
+)
+UNLOAD = Endpoint(
+    "unload",
+    "/unload",
+    JsonModel(LoadRequest),
+    JsonModel(Unloaded),
+    "Unload a version from every worker of this service.",
+)
 MODELS = Endpoint("models", "/models", NO_BODY, JsonModel(ModelsReport), "The versions loaded and batch counters.")
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (INFER, LOAD, UNLOAD, MODELS)
 # What the endpoints answer besides a result (the OpenAPI document's error responses).
-ERRORS = {400: "a malformed body or FeatureTensor", 401: "no accepted service token", 404: "an unknown version",
-          406: "an Accept that excludes the answer", 415: "a body of another media type",
-          422: "a FeatureTensor that does not fit the version (dimension, depth, fanout, layout)",
-          503: "starting, or too many requests in flight"}
+ERRORS = {
+    400: "a malformed body or FeatureTensor",
+    401: "no accepted service token",
+    404: "an unknown version",
+    406: "an Accept that excludes the answer",
+    415: "a body of another media type",
+    422: "a FeatureTensor that does not fit the version (dimension, depth, fanout, layout)",
+    503: "starting, or too many requests in flight",
+}
 
 
 class ModelRunnerApi:

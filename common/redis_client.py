@@ -31,16 +31,18 @@ def is_tls(url: str) -> bool:
     return url.partition("://")[0] in ("rediss", "rediss+cluster")
 
 
-def make_client(url: str, *, timeout_s: float, socket_timeout_s: float, ca_file: str = "",
-                cluster: bool | None = None) -> Any:
+def make_client(
+    url: str, *, timeout_s: float, socket_timeout_s: float, ca_file: str = "", cluster: bool | None = None
+) -> Any:
     """A lazily connected ``redis.asyncio.Redis`` or ``RedisCluster`` for ``url``."""
     from redis.asyncio import Redis, RedisCluster
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     plain_url, is_cluster = parse_url(url, cluster)
-    kwargs: dict[str, Any] = dict(socket_connect_timeout=timeout_s, socket_timeout=socket_timeout_s,
-                                  retry=Retry(NoBackoff(), 0))
+    kwargs: dict[str, Any] = dict(
+        socket_connect_timeout=timeout_s, socket_timeout=socket_timeout_s, retry=Retry(NoBackoff(), 0)
+    )
     if is_tls(url) and ca_file:
         kwargs["ssl_ca_certs"] = ca_file
     return (RedisCluster if is_cluster else Redis).from_url(plain_url, **kwargs)

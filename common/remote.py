@@ -66,8 +66,15 @@ class Transport(Protocol):
 class HttpTransport:
     """A service over HTTP (``http://``, ``tcp://host:port`` or a ``file://`` unix socket)."""
 
-    def __init__(self, name: str, url: str, tokens: Tokens, *, retry_pauses_s: tuple[float, ...],
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        tokens: Tokens,
+        *,
+        retry_pauses_s: tuple[float, ...],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         """``retry_pauses_s`` (``connection_retry_pauses_s``): a killed worker leaves several
         pooled keep-alive connections to it, and a retry can draw another one before the event
         loop has seen its close; by the last pause the dead ones are discarded
@@ -92,9 +99,13 @@ class HttpTransport:
         else:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             base = f"http://{rest}" if scheme == "tcp" else self.url
-        return aiohttp.ClientSession(base.rstrip("/"), connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                                     skip_auto_headers=("User-Agent",), auto_decompress=False)
+        return aiohttp.ClientSession(
+            base.rstrip("/"),
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+            skip_auto_headers=("User-Agent",),
+            auto_decompress=False,
+        )
 
     async def call(self, endpoint: Endpoint[I, O], value: I) -> O:
         """``endpoint`` with ``value``; its decoded answer, or the service's ``ApiError``."""
@@ -123,8 +134,11 @@ class HttpTransport:
 
     def _refusal(self, status: int, answer: bytes, headers: Any) -> ApiError:
         if status == 401:  # this service's own token: a deployment fault, not the client's
-            return ServiceUnavailable(self.name, "it refused this service's token (GSAGE_SERVICE_TOKENS or "
-                                                 "GSAGE_SERVICE_TOKENS_FILE must be the same in every service)")
+            return ServiceUnavailable(
+                self.name,
+                "it refused this service's token (GSAGE_SERVICE_TOKENS or "
+                "GSAGE_SERVICE_TOKENS_FILE must be the same in every service)",
+            )
         return ApiError.from_answer(status, answer, headers)
 
     async def close(self) -> None:

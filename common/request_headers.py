@@ -23,8 +23,15 @@ from common.errors import ApiError
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 # Each decides how a body is read, which encoding undoes it, how it is framed, or who sends it.
-SINGLE_VALUED = ("content-type", "content-encoding", "content-length", "transfer-encoding", "authorization",
-                 "x-api-key", "accept")
+SINGLE_VALUED = (
+    "content-type",
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+    "authorization",
+    "x-api-key",
+    "accept",
+)
 _DISPLAY = {"x-api-key": "X-API-Key"}
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -79,8 +86,9 @@ class RequestHeaders:
         accepted = tuple(accepted)
         kind = self.media_type
         if kind not in accepted:
-            raise UnsupportedMediaType(f"media type {kind or '(none)'} is not accepted here; send "
-                                       + " or ".join(accepted))
+            raise UnsupportedMediaType(
+                f"media type {kind or '(none)'} is not accepted here; send " + " or ".join(accepted)
+            )
         encoding = self._values.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity"):
             raise UnsupportedMediaType(f"content encoding {encoding} is not accepted here; send the body unencoded")
@@ -97,8 +105,9 @@ class RequestHeaders:
             kind, *params = (part.strip().lower() for part in item.split(";"))
             if kind in (answer_type, family, "*/*") and _quality(params) > 0:
                 return
-        raise NotAcceptable(f"this route answers {answer_type}, which the Accept header ({accept.strip()[:100]}) "
-                            "excludes")
+        raise NotAcceptable(
+            f"this route answers {answer_type}, which the Accept header ({accept.strip()[:100]}) excludes"
+        )
 
 
 def _quality(params: list[str]) -> float:

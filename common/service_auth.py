@@ -43,8 +43,8 @@ from typing import Any
 from common.bento.foreign_errors import in_one_shape
 from common.errors import ApiError, send_error
 from common.files import file_signature
-from common.settings import SecuritySection
 from common.request_headers import BODY_METHODS, JSON, OCTET_STREAM, RequestHeaders, with_body_type
+from common.settings import SecuritySection
 
 log = logging.getLogger("graphsage.service_auth")
 
@@ -71,8 +71,10 @@ def parse_tokens(raw: str, source: str) -> tuple[str, ...]:
         raise ValueError(f"{source}: {len(tokens)} service tokens; at most {MAX_TOKENS} (the current and the next)")
     for i, token in enumerate(tokens):
         if not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS or not token.isprintable() or " " in token:
-            raise ValueError(f"{source}: service token #{i + 1} must be {MIN_TOKEN_CHARS}-{MAX_TOKEN_CHARS} "
-                             "printable characters without spaces")
+            raise ValueError(
+                f"{source}: service token #{i + 1} must be {MIN_TOKEN_CHARS}-{MAX_TOKEN_CHARS} "
+                "printable characters without spaces"
+            )
     return tokens
 
 
@@ -82,15 +84,25 @@ def ensure_shared_token() -> None:
     if os.environ.get(TOKENS_ENV) or os.environ.get(TOKENS_ENV + "_FILE"):
         return
     os.environ[TOKENS_ENV] = "gst_" + secrets.token_urlsafe(24)
-    log.info("no service token configured: an ephemeral one is shared by the processes started from here; "
-             "services started apart need %s or %s_FILE", TOKENS_ENV, TOKENS_ENV)
+    log.info(
+        "no service token configured: an ephemeral one is shared by the processes started from here; "
+        "services started apart need %s or %s_FILE",
+        TOKENS_ENV,
+        TOKENS_ENV,
+    )
 
 
 class ServiceTokens:
     """The accepted tokens (the first is the one to send), from a list or a file re-read on change."""
 
-    def __init__(self, tokens: Sequence[str] = (), path: str = "", *, reload_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[str] = (),
+        path: str = "",
+        *,
+        reload_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self._reload_interval_s = reload_interval_s
         self._clock = clock
@@ -110,8 +122,9 @@ class ServiceTokens:
         if not security.service_tokens and not security.service_tokens_file:
             # Read at call time: ensure_shared_token may have set it after the settings were read.
             return cls(parse_tokens(os.environ.get(TOKENS_ENV, ""), TOKENS_ENV))
-        return cls(security.service_tokens, security.service_tokens_file,
-                   reload_interval_s=security.service_tokens_reload_s)
+        return cls(
+            security.service_tokens, security.service_tokens_file, reload_interval_s=security.service_tokens_reload_s
+        )
 
     def __repr__(self) -> str:
         return f"ServiceTokens({len(self._tokens)} token(s){', file ' + self.path if self.path else ''})"
@@ -186,8 +199,12 @@ class ServiceGuard:
     ``tokens``: the accepted tokens, or what builds them on the first request (in the worker,
     after ``ensure_shared_token``). ``routes``: path -> (the body's media type, the answer's)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], tokens: ServiceTokens | Callable[[], ServiceTokens],
-                 routes: Mapping[str, tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        tokens: ServiceTokens | Callable[[], ServiceTokens],
+        routes: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
         self.app = app
         self._tokens = tokens
         self._routes = dict(routes or {})

@@ -71,8 +71,14 @@ def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None, pref
     """The container; ``prefix`` (e.g. an ``envelope_head``) is written in front of it in the same
     copy (alignment is relative to the container's start)."""
     header = orjson.dumps(
-        {"meta": meta or {}, "arrays": [{"name": k, "dtype": _DTYPE_NAMES.get(a.dtype) or str(a.dtype),
-                                         "shape": list(a.shape)} for k, a in arrays.items()]})
+        {
+            "meta": meta or {},
+            "arrays": [
+                {"name": k, "dtype": _DTYPE_NAMES.get(a.dtype) or str(a.dtype), "shape": list(a.shape)}
+                for k, a in arrays.items()
+            ],
+        }
+    )
     parts = [prefix, MAGIC, struct.pack("<I", len(header)), header]
     offset = len(MAGIC) + 4 + len(header)
     for a in arrays.values():
@@ -122,7 +128,7 @@ class Packed:
     """A ``pack``ed message as the bytes that travel, unpacked on first use (zero-copy views):
     a service that relays a message (the FeatureRunner, the model runner's answer) never opens it."""
 
-    __slots__ = ("data", "_unpacked")
+    __slots__ = ("_unpacked", "data")
 
     def __init__(self, data: bytes) -> None:
         self.data = data

@@ -26,13 +26,19 @@ OCTET_STREAM = "application/octet-stream"
 # whose parsers must refuse a pickle too.
 CONTENT_TYPES: tuple[tuple[str, ...], ...] = (
     (PICKLE,),
-    (PICKLE, JSON), (JSON, PICKLE),
-    (PICKLE, OCTET_STREAM), (OCTET_STREAM, PICKLE),
+    (PICKLE, JSON),
+    (JSON, PICKLE),
+    (PICKLE, OCTET_STREAM),
+    (OCTET_STREAM, PICKLE),
     (PICKLE, PICKLE),
-    (PICKLE + "; charset=utf-8",), (PICKLE + ";buffer-lengths=1",),
-    ("Application/VND.BentoML+Pickle",), ("APPLICATION/VND.BENTOML+PICKLE",),
-    (f"{JSON}, {PICKLE}",), (f"{PICKLE}, {JSON}",),
-    (JSON,), (OCTET_STREAM,),
+    (PICKLE + "; charset=utf-8",),
+    (PICKLE + ";buffer-lengths=1",),
+    ("Application/VND.BentoML+Pickle",),
+    ("APPLICATION/VND.BENTOML+PICKLE",),
+    (f"{JSON}, {PICKLE}",),
+    (f"{PICKLE}, {JSON}",),
+    (JSON,),
+    (OCTET_STREAM,),
 )
 
 
@@ -96,8 +102,11 @@ def service_routes(name: str) -> list[str]:
     from common import feature_runner_api, model_runner_api
     from services import api
 
-    tables = {"Gateway": api.ENDPOINTS, "FeatureRunner": feature_runner_api.ENDPOINTS,
-              "GraphSAGERunner": model_runner_api.ENDPOINTS}
+    tables = {
+        "Gateway": api.ENDPOINTS,
+        "FeatureRunner": feature_runner_api.ENDPOINTS,
+        "GraphSAGERunner": model_runner_api.ENDPOINTS,
+    }
     return sorted({ep.path for ep in tables[name]})
 
 
@@ -109,11 +118,14 @@ def app_targets(model_url: str, feature_url: str, gateway_url: str, token: str, 
     """The app's three services with every route they serve; ``token``: the service token the
     runners accept, ``api_key``: a gateway key (the more scopes, the further a request gets)."""
     wrong = ("Authorization", "Bearer stranger-" + "s" * 24)
-    targets = [Target(name, url, [*service_routes(name), *OTHER_ROUTES], ("Authorization", f"Bearer {token}"), wrong)
-               for name, url in (("GraphSAGERunner", model_url), ("FeatureRunner", feature_url))]
+    targets = [
+        Target(name, url, [*service_routes(name), *OTHER_ROUTES], ("Authorization", f"Bearer {token}"), wrong)
+        for name, url in (("GraphSAGERunner", model_url), ("FeatureRunner", feature_url))
+    ]
     gateway_routes = service_routes("Gateway")
-    targets.append(Target("Gateway", gateway_url, [*gateway_routes, *OTHER_ROUTES],
-                          ("Authorization", f"Bearer {api_key}"), wrong))
+    targets.append(
+        Target("Gateway", gateway_url, [*gateway_routes, *OTHER_ROUTES], ("Authorization", f"Bearer {api_key}"), wrong)
+    )
     targets.append(Target("Gateway", gateway_url, gateway_routes, ("X-API-Key", api_key), ("X-API-Key", "gsk_wrong")))
     return targets
 

@@ -148,8 +148,9 @@ class Container:
             with contextlib.suppress(OSError):
                 self.id = self.cidfile.read_text().strip()
         if out.returncode != 0:
-            raise RuntimeError(f"podman run {self.name} failed ({out.returncode}): {out.stderr.strip()[-2000:]}"
-                               f"\n{self.logs()}")
+            raise RuntimeError(
+                f"podman run {self.name} failed ({out.returncode}): {out.stderr.strip()[-2000:]}\n{self.logs()}"
+            )
         self.id = self.id or out.stdout.strip().splitlines()[-1]
         return self
 
@@ -237,6 +238,7 @@ class Containers:
 
 # --- Kubernetes manifests -> container specs ------------------------------------------------
 
+
 def k8s_docs(k8s_dir: str | Path) -> list[dict]:
     docs = []
     for path in sorted(Path(k8s_dir).rglob("*.yaml")):
@@ -265,8 +267,16 @@ def k8s_env(docs: list[dict], container: dict) -> dict[str, str]:
     return env
 
 
-def spec_from_k8s(docs: list[dict], workload: str, *, name: str, image: str, volumes: dict[str, str | None],
-                  init: str | None = None, kind: str = "Deployment") -> ContainerSpec:
+def spec_from_k8s(
+    docs: list[dict],
+    workload: str,
+    *,
+    name: str,
+    image: str,
+    volumes: dict[str, str | None],
+    init: str | None = None,
+    kind: str = "Deployment",
+) -> ContainerSpec:
     """The container (or init container ``init``) of ``workload`` as a podman run: its args or
     command, its environment, its mounts (``volumes`` maps each volume name to a host directory,
     or None for a tmpfs; ``subPath`` is a directory under it; a volume not given is not mounted,
@@ -289,13 +299,17 @@ def spec_from_k8s(docs: list[dict], workload: str, *, name: str, image: str, vol
     psc, sc = pod.get("securityContext") or {}, container.get("securityContext") or {}
     uid, gid = sc.get("runAsUser", psc.get("runAsUser")), sc.get("runAsGroup", psc.get("runAsGroup"))
     return ContainerSpec(
-        name=name, image=image, args=[str(a) for a in container.get("args") or []],
+        name=name,
+        image=image,
+        args=[str(a) for a in container.get("args") or []],
         command=[str(a) for a in container["command"]] if container.get("command") else None,
-        env=k8s_env(docs, container), mounts=mounts,
+        env=k8s_env(docs, container),
+        mounts=mounts,
         user=f"{uid}:{gid}" if uid is not None else None,
         read_only=bool(sc.get("readOnlyRootFilesystem")),
         cap_drop_all="ALL" in ((sc.get("capabilities") or {}).get("drop") or []),
-        no_new_privileges=sc.get("allowPrivilegeEscalation") is False)
+        no_new_privileges=sc.get("allowPrivilegeEscalation") is False,
+    )
 
 
 def _tmpfs_size(k8s_quantity: str) -> str:
@@ -308,7 +322,7 @@ def _tmpfs_size(k8s_quantity: str) -> str:
 def replace_arg(args: list[str], flag: str, value: str) -> list[str]:
     """``--flag X`` -> ``--flag value`` (the flag must be there)."""
     i = args.index(flag)
-    return [*args[:i + 1], value, *args[i + 2:]]
+    return [*args[: i + 1], value, *args[i + 2 :]]
 
 
 def rewrite_depends(args: list[str], urls: dict[str, str]) -> list[str]:

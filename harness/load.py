@@ -93,17 +93,31 @@ class LoadResult:
         errors: Counter[str] = Counter()
         for p in parts:
             errors.update(p.errors)
-        return cls(first.mode, first.concurrency, first.rate, first.nodes_per_request,
-                   np.concatenate([p.latencies_s for p in parts]), dict(errors), sum(p.degraded for p in parts),
-                   sum(p.elapsed_s for p in parts), sum(p.sent for p in parts))
+        return cls(
+            first.mode,
+            first.concurrency,
+            first.rate,
+            first.nodes_per_request,
+            np.concatenate([p.latencies_s for p in parts]),
+            dict(errors),
+            sum(p.degraded for p in parts),
+            sum(p.elapsed_s for p in parts),
+            sum(p.sent for p in parts),
+        )
 
     def summary(self) -> dict[str, Any]:
         ms = self.latencies_s * 1e3
         out: dict[str, Any] = {
-            "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
-            "nodes_per_request": self.nodes_per_request, "sent": self.sent, "ok": self.ok,
-            "errors": dict(self.errors), "error_count": int(sum(self.errors.values())),
-            "degraded": self.degraded, "elapsed_s": round(self.elapsed_s, 3),
+            "mode": self.mode,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "nodes_per_request": self.nodes_per_request,
+            "sent": self.sent,
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "error_count": int(sum(self.errors.values())),
+            "degraded": self.degraded,
+            "elapsed_s": round(self.elapsed_s, 3),
             "req_per_s": self.ok / self.elapsed_s if self.elapsed_s > 0 else 0.0,
         }
         out["nodes_per_s"] = out["req_per_s"] * self.nodes_per_request
@@ -125,18 +139,26 @@ class LoadResult:
 
 def _session(limit: int, timeout_s: float, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=False, ttl_dns_cache=None)
-    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    return aiohttp.ClientSession(
+        connector=conn,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, outcomes: Outcomes | None = None,
-               classify: Classify | None = None) -> tuple[str | None, bool]:
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    outcomes: Outcomes | None = None,
+    classify: Classify | None = None,
+) -> tuple[str | None, bool]:
     """(error key or None, degraded); with ``classify``, the answer's outcome counted too."""
     try:
         async with session.post(url, data=body) as resp:
             data = await resp.read()
             status = str(resp.status)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         status, data = "exc:Timeout", b""
     except aiohttp.ClientError as exc:
         status, data = f"exc:{type(exc).__name__}", repr(exc).encode()
@@ -147,10 +169,18 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, outcomes: 
     return None, DEGRADED in data[:200] or DEGRADED in data[-200:]
 
 
-async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, duration_s: float,
-                      max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
-                      warmup_requests: int = 0, headers: dict[str, str] | None = None,
-                      classify: Classify | None = None) -> LoadResult:
+async def closed_loop(
+    url: str,
+    bodies: Sequence[bytes],
+    concurrency: int,
+    duration_s: float,
+    max_requests: int = 1_000_000,
+    timeout_s: float = 10.0,
+    nodes_per_request: int = 1,
+    warmup_requests: int = 0,
+    headers: dict[str, str] | None = None,
+    classify: Classify | None = None,
+) -> LoadResult:
     """``concurrency`` workers back to back; bounded by ``duration_s`` and ``max_requests``.
 
     The warm-up (not counted) sends ``warmup_requests`` in rounds of ``concurrency`` at once, so
@@ -159,8 +189,12 @@ async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, durat
     outcomes = Outcomes() if classify is not None else None
     async with _session(concurrency, timeout_s, headers) as session:
         for first in range(0, warmup_requests, concurrency):  # connection set-up and first-call costs
-            await asyncio.gather(*(_one(session, url, bodies[i % len(bodies)])
-                                   for i in range(first, min(first + concurrency, warmup_requests))))
+            await asyncio.gather(
+                *(
+                    _one(session, url, bodies[i % len(bodies)])
+                    for i in range(first, min(first + concurrency, warmup_requests))
+                )
+            )
         lat: list[float] = []
         errors: Counter[str] = Counter()
         degraded = 0
@@ -183,14 +217,25 @@ async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int, durat
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-    return LoadResult("closed", concurrency, None, nodes_per_request, np.asarray(lat), dict(errors), degraded,
-                      elapsed, sent, outcomes)
+    return LoadResult(
+        "closed", concurrency, None, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent, outcomes
+    )
 
 
-async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: float,
-                    max_requests: int = 1_000_000, timeout_s: float = 10.0, nodes_per_request: int = 1,
-                    max_in_flight: int = 512, poisson: bool = True, seed: int = 0,
-                    headers: dict[str, str] | None = None, classify: Classify | None = None) -> LoadResult:
+async def open_loop(
+    url: str,
+    bodies: Sequence[bytes],
+    rate: float,
+    duration_s: float,
+    max_requests: int = 1_000_000,
+    timeout_s: float = 10.0,
+    nodes_per_request: int = 1,
+    max_in_flight: int = 512,
+    poisson: bool = True,
+    seed: int = 0,
+    headers: dict[str, str] | None = None,
+    classify: Classify | None = None,
+) -> LoadResult:
     """Arrivals at ``rate``/s (Poisson or evenly spaced); latency from the scheduled start."""
     rng = np.random.default_rng(seed)
     n = int(min(max_requests, max(1, rate * duration_s)))
@@ -204,6 +249,7 @@ async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: 
 
     outcomes = Outcomes() if classify is not None else None
     async with _session(max_in_flight, timeout_s, headers) as session:
+
         async def fire(body: bytes, scheduled: float) -> None:
             nonlocal in_flight, degraded
             try:
@@ -234,8 +280,9 @@ async def open_loop(url: str, bodies: Sequence[bytes], rate: float, duration_s: 
         if tasks:
             await asyncio.wait(list(tasks), timeout=timeout_s + 1)
         elapsed = max(time.perf_counter() - start, 1e-9)
-    return LoadResult("open", None, rate, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent,
-                      outcomes)
+    return LoadResult(
+        "open", None, rate, nodes_per_request, np.asarray(lat), dict(errors), degraded, elapsed, sent, outcomes
+    )
 
 
 def main() -> None:
@@ -257,8 +304,18 @@ def main() -> None:
     if a.rate > 0:
         res = asyncio.run(open_loop(a.url, pool, a.rate, a.duration, a.max_requests, a.timeout, a.nodes))
     else:
-        res = asyncio.run(closed_loop(a.url, pool, a.concurrency, a.duration, a.max_requests, a.timeout, a.nodes,
-                                      warmup_requests=min(20, a.max_requests)))
+        res = asyncio.run(
+            closed_loop(
+                a.url,
+                pool,
+                a.concurrency,
+                a.duration,
+                a.max_requests,
+                a.timeout,
+                a.nodes,
+                warmup_requests=min(20, a.max_requests),
+            )
+        )
     print(json.dumps(res.summary(), indent=2))
 
 

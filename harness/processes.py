@@ -57,9 +57,20 @@ class ServiceProcess:
     """One service of ``target`` (a bento's import path), its home private but sharing ``env``'s
     model store. ``tls_ca``: it serves HTTPS verified by this CA (the gateway with a certificate)."""
 
-    def __init__(self, name: str, port: int, env: dict[str, str], log_path: str, *, target: str = APP,
-                 depends: dict[str, str] | None = None, workers: int = 1, cwd: Path | str = ROOT,
-                 home_name: str | None = None, tls_ca: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        env: dict[str, str],
+        log_path: str,
+        *,
+        target: str = APP,
+        depends: dict[str, str] | None = None,
+        workers: int = 1,
+        cwd: Path | str = ROOT,
+        home_name: str | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
         self.name, self.port, self.env, self.target, self.workers = name, port, env, target, workers
         self.depends = depends or {}
         self.log_path = log_path
@@ -74,8 +85,18 @@ class ServiceProcess:
         return f"{'https' if self.tls_ca else 'http'}://{HOST}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [*START_HTTP_SERVER, self.target, "--service-name", self.name, "--port", str(self.port), "--host", HOST,
-               "--api-workers", str(self.workers)]
+        cmd = [
+            *START_HTTP_SERVER,
+            self.target,
+            "--service-name",
+            self.name,
+            "--port",
+            str(self.port),
+            "--host",
+            HOST,
+            "--api-workers",
+            str(self.workers),
+        ]
         for dep, url in self.depends.items():
             cmd += ["--depends", f"{dep}={url}"]
         return cmd
@@ -86,11 +107,13 @@ class ServiceProcess:
         self.own_home = private_home(self.env["BENTOML_HOME"], self.home_name)
         env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env, "BENTOML_HOME": self.own_home}
         # Never the user's own update log: one beside the model store the services serve.
-        env.setdefault("GSAGE_GRAPH_LOG_DIR", os.path.join(os.path.dirname(self.env["BENTOML_HOME"].rstrip("/")),
-                                                           "update-log"))
+        env.setdefault(
+            "GSAGE_GRAPH_LOG_DIR", os.path.join(os.path.dirname(self.env["BENTOML_HOME"].rstrip("/")), "update-log")
+        )
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(), cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_ready(self, wait_s: float = 90.0) -> None:
         """Until ``/readyz`` answers; the process is stopped when it does not in time."""
@@ -106,7 +129,7 @@ class ServiceProcess:
         self.stop()
         raise TimeoutError(f"{self.name} not ready after {wait_s}s:\n{self.log_tail()}")
 
-    def start(self, wait_s: float = 90.0) -> "ServiceProcess":
+    def start(self, wait_s: float = 90.0) -> ServiceProcess:
         self.launch()
         self.wait_ready(wait_s)
         return self

@@ -62,8 +62,9 @@ def raw_command(port: int, *args: str, timeout: float = 1.0) -> bytes:
 class RedisServer:
     """One ``redis-server`` process; ``start`` / ``kill`` / ``stop`` can be repeated."""
 
-    def __init__(self, workdir: str, port: int | None = None, extra_args: Sequence[str] = (),
-                 tls: Certificate | None = None):
+    def __init__(
+        self, workdir: str, port: int | None = None, extra_args: Sequence[str] = (), tls: Certificate | None = None
+    ):
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.port = port or free_port()
@@ -72,9 +73,18 @@ class RedisServer:
         self.tls = tls
         self.tls_port = free_port() if tls is not None else None
         if tls is not None:
-            self.extra_args += ["--tls-port", str(self.tls_port), "--tls-cert-file", tls.cert_file,
-                                "--tls-key-file", tls.key_file, "--tls-ca-cert-file", tls.ca_file,
-                                "--tls-auth-clients", "no"]
+            self.extra_args += [
+                "--tls-port",
+                str(self.tls_port),
+                "--tls-cert-file",
+                tls.cert_file,
+                "--tls-key-file",
+                tls.key_file,
+                "--tls-ca-cert-file",
+                tls.ca_file,
+                "--tls-auth-clients",
+                "no",
+            ]
         self.log_path = os.path.join(workdir, f"redis-{self.port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -96,8 +106,19 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         cmd = [
-            "redis-server", "--port", str(self.port), "--bind", HOST, "--save", "",
-            "--appendonly", "no", "--daemonize", "no", "--dir", self.workdir,
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            self.workdir,
             *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
@@ -116,8 +137,7 @@ class RedisServer:
             except OSError:
                 pass
             time.sleep(0.02)
-        raise TimeoutError(f"redis-server on port {self.port} did not answer PING in {timeout}s:\n"
-                           f"{self.log_tail()}")
+        raise TimeoutError(f"redis-server on port {self.port} did not answer PING in {timeout}s:\n{self.log_tail()}")
 
     def kill(self) -> None:
         """SIGKILL: the abrupt death of a server (its data is gone; no persistence)."""
@@ -185,10 +205,14 @@ class RedisCluster3:
         for i in range(masters * (1 + replicas)):
             port, bus = free_port(), free_port()
             args = [
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", os.path.join(workdir, f"nodes-{i}.conf"),
-                "--cluster-port", str(bus),
-                "--cluster-node-timeout", str(node_timeout_ms),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                os.path.join(workdir, f"nodes-{i}.conf"),
+                "--cluster-port",
+                str(bus),
+                "--cluster-node-timeout",
+                str(node_timeout_ms),
             ]
             self.nodes.append(RedisServer(workdir, port=port, extra_args=args))
 
@@ -202,14 +226,17 @@ class RedisCluster3:
                 node.start()
             addrs = [f"{HOST}:{node.port}" for node in self.nodes]
             result = subprocess.run(
-                ["redis-cli", "--cluster", "create", *addrs,
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                capture_output=True, timeout=timeout, check=False,
+                ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                capture_output=True,
+                timeout=timeout,
+                check=False,
             )
             if result.returncode != 0:
-                raise RuntimeError("redis-cli --cluster create failed:\n"
-                                   + result.stdout.decode(errors="replace")[-2000:]
-                                   + result.stderr.decode(errors="replace")[-2000:])
+                raise RuntimeError(
+                    "redis-cli --cluster create failed:\n"
+                    + result.stdout.decode(errors="replace")[-2000:]
+                    + result.stderr.decode(errors="replace")[-2000:]
+                )
             self.wait_state("ok", timeout)
         except BaseException:
             self.stop()
@@ -223,8 +250,9 @@ class RedisCluster3:
                 return line.split(":", 1)[1].strip()
         return "unknown"
 
-    def wait_state(self, want: str, timeout: float = CLUSTER_TIMEOUT_S,
-                   nodes: Sequence[RedisServer] | None = None) -> None:
+    def wait_state(
+        self, want: str, timeout: float = CLUSTER_TIMEOUT_S, nodes: Sequence[RedisServer] | None = None
+    ) -> None:
         """Wait until every (running) node reports ``cluster_state:<want>``."""
         nodes = list(nodes or [n for n in self.nodes if n.proc is not None])
         deadline = time.monotonic() + timeout
@@ -248,7 +276,9 @@ class RedisCluster3:
                 continue
             with contextlib.suppress(OSError):
                 info = raw_command(node.port, "INFO", "replication").decode(errors="replace")
-                out[node.port] = next(l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("role:"))
+                out[node.port] = next(
+                    line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("role:")
+                )
         return out
 
     def stop(self) -> None:

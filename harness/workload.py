@@ -46,8 +46,9 @@ def bodies(dist, nodes_per_request: int, count: int) -> list[bytes]:
     return [json.dumps({"node_ids": row.tolist()}).encode() for row in ids]
 
 
-def time_calls(fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 5000,
-               warmup: int = 1, idle_s: float = 0.0) -> list[float]:
+def time_calls(
+    fn, inputs: list, budget_s: float, min_calls: int, max_calls: int = 5000, warmup: int = 1, idle_s: float = 0.0
+) -> list[float]:
     """Seconds per call of ``fn`` over ``inputs`` round-robin (``warmup`` untimed calls first),
     at least ``min_calls``, then until the budget is spent. ``idle_s``: sleep that long before
     each call (untimed), as a service idles between requests at low load."""

@@ -21,13 +21,25 @@ log = logging.getLogger("graphsage.gateway")
 
 class CompactionNotConfirmed(ApiError):
     def __init__(self, reason: str) -> None:
-        super().__init__(503, f"compaction not confirmed ({reason}); GET /graph/status says whether it happened",
-                         {"Retry-After": "5"}, type="compaction_not_confirmed")
+        super().__init__(
+            503,
+            f"compaction not confirmed ({reason}); GET /graph/status says whether it happened",
+            {"Retry-After": "5"},
+            type="compaction_not_confirmed",
+        )
 
 
 class Admin:
-    def __init__(self, routing: RoutingTable, shadow: ShadowCanary, feature: FeatureRunnerApi, model: ModelRunnerApi,
-                 *, compaction_timeout_s: float, describe_timeout_s: float) -> None:
+    def __init__(
+        self,
+        routing: RoutingTable,
+        shadow: ShadowCanary,
+        feature: FeatureRunnerApi,
+        model: ModelRunnerApi,
+        *,
+        compaction_timeout_s: float,
+        describe_timeout_s: float,
+    ) -> None:
         self.routing = routing
         self.shadow = shadow
         self.feature = feature
@@ -42,12 +54,15 @@ class Admin:
         try:
             self._apply(change)
         except OSError as exc:  # e.g. a routing file mounted read-only from a ConfigMap
-            raise ApiError(409, f"routing file not writable here ({exc.strerror}); change it where it is managed",
-                           type="routing_file_read_only") from exc
+            raise ApiError(
+                409,
+                f"routing file not writable here ({exc.strerror}); change it where it is managed",
+                type="routing_file_read_only",
+            ) from exc
         for tag in sorted(self.routing.versions_in_use()):
             try:
                 await self.model.load(tag)
-            except Exception as exc:  # noqa: BLE001 - the first request loads it otherwise
+            except Exception as exc:
                 log.warning("pre-loading %s failed: %s", tag, exc)
         return self.routing.to_json()
 
@@ -62,8 +77,12 @@ class Admin:
                 raise ApiError(400, "promote needs a version", param="version")
             if change.min_agreement is not None or change.min_compared is not None:
                 bar = PromotionBar(change.min_agreement or 0.0, change.min_compared or 0)
-                require_agreement(self.shadow.figures(), normalise_version(model, change.version), bar,
-                                  primaries=self.routing.routes_in_use(model))  # PromotionRefused: 409
+                require_agreement(
+                    self.shadow.figures(),
+                    normalise_version(model, change.version),
+                    bar,
+                    primaries=self.routing.routes_in_use(model),
+                )  # PromotionRefused: 409
             self.routing.promote(model, change.version)
         elif change.action == "set_shadow":
             if not change.version:
@@ -97,6 +116,6 @@ class Admin:
             try:
                 answer = await asyncio.wait_for(call, self.describe_timeout_s)
                 out[name] = answer.model_dump() if hasattr(answer, "model_dump") else answer
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out[name] = {"error": f"unavailable: {getattr(exc, 'type', type(exc).__name__)}"}
         return out

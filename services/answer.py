@@ -63,8 +63,15 @@ class Answer:
         known = self.known.tolist() if self.known is not None else None
         for i, node in enumerate(self.node_ids):
             if known is not None and not known[i]:
-                yield {"node_id": node, "label": None, "labels": None, "score": None, "probabilities": [],
-                       "embedding": None, "stale": False}
+                yield {
+                    "node_id": node,
+                    "label": None,
+                    "labels": None,
+                    "score": None,
+                    "probabilities": [],
+                    "embedding": None,
+                    "stale": False,
+                }
                 continue
             row = probs[i]
             out = {
@@ -81,8 +88,14 @@ class Answer:
             yield out
 
     def to_json(self) -> bytes:
-        if self.multilabel or self.known is not None or not isinstance(self.embedding, (np.ndarray, type(None))) \
-                or self.probs.shape[0] < COLUMNS_MIN_NODES or self.probs.shape[1] == 0 or self.explanation is not None:
+        if (
+            self.multilabel
+            or self.known is not None
+            or not isinstance(self.embedding, (np.ndarray, type(None)))
+            or self.probs.shape[0] < COLUMNS_MIN_NODES
+            or self.probs.shape[1] == 0
+            or self.explanation is not None
+        ):
             return self._json_per_node()
         return self._json_columns()
 
@@ -104,17 +117,24 @@ class Answer:
         emb = self.embedding
         emb_rows = [b"[" + r + b"]" for r in _row_fragments(emb)] if emb is not None else [b"null"] * len(labels)
         stale = b"true" if self.stale else b"false"
-        nodes = b",".join([
-            b'{"node_id":%d,"label":%d,"labels":null,"score":%b,"probabilities":[%b],"embedding":%b,"stale":%b}'
-            % (node, label, score, row, e, stale)
-            for node, label, score, row, e in zip(self.node_ids, labels, scores, probs_rows, emb_rows)])
+        nodes = b",".join(
+            [
+                b'{"node_id":%d,"label":%d,"labels":null,"score":%b,"probabilities":[%b],"embedding":%b,"stale":%b}'
+                % (node, label, score, row, e, stale)
+                for node, label, score, row, e in zip(self.node_ids, labels, scores, probs_rows, emb_rows)
+            ]
+        )
         head = orjson.dumps(self._head())
         return head[:-1] + b',"predictions":[' + nodes + b"]}"
 
     def _head(self) -> dict[str, Any]:
         """The answer-level fields, in ``PredictResponse``'s order."""
-        return {"model": self.model, "precision": self.precision, "degraded": self.degraded,
-                "degraded_reason": self.degraded_reason}
+        return {
+            "model": self.model,
+            "precision": self.precision,
+            "degraded": self.degraded,
+            "degraded_reason": self.degraded_reason,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, the same as ``to_response().model_dump(exclude_unset=True)``
@@ -138,10 +158,19 @@ def explanation_of(arrays: dict[str, np.ndarray], i: int) -> dict[str, Any]:
     neighbours = []
     for j in np.flatnonzero(hop1 >= 0).tolist():
         second = hop2[j][hop2[j] >= 0]
-        neighbours.append({"node_id": int(hop1[j]), "influence": influence[j], "hop2": second,
-                           "hop2_empty": int(hop2.shape[1] - second.size)})
-    return {"classes": arrays["explain_classes"][i], "neighbours": neighbours,
-            "empty_slots": int(hop1.size - len(neighbours))}
+        neighbours.append(
+            {
+                "node_id": int(hop1[j]),
+                "influence": influence[j],
+                "hop2": second,
+                "hop2_empty": int(hop2.shape[1] - second.size),
+            }
+        )
+    return {
+        "classes": arrays["explain_classes"][i],
+        "neighbours": neighbours,
+        "empty_slots": int(hop1.size - len(neighbours)),
+    }
 
 
 def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Answer:
@@ -149,7 +178,12 @@ def from_wire(node_ids: list[int], meta: dict[str, Any], arrays: dict[str, np.nd
     FeatureRunner's explanation when it sent one. Every request of a merged call gets this
     call's meta, so each says the precision of the call that answered it."""
     explanation = {k: arrays[k] for k in EXPLANATION_ARRAYS} if EXPLANATION_ARRAYS[0] in arrays else None
-    return Answer(meta["model"], node_ids, arrays["probs"], meta.get("task") == "multilabel",
-                  arrays.get("embedding"), explanation=explanation,
-                  precision=str(meta.get("precision") or PRECISION_UNKNOWN))
-
+    return Answer(
+        meta["model"],
+        node_ids,
+        arrays["probs"],
+        meta.get("task") == "multilabel",
+        arrays.get("embedding"),
+        explanation=explanation,
+        precision=str(meta.get("precision") or PRECISION_UNKNOWN),
+    )

@@ -58,34 +58,78 @@ class GraphUpdateBody:
         return GraphUpdate.model_json_schema(ref_template="#/components/schemas/{model}")
 
 
-PREDICT = Endpoint("predict", "/predict", JsonModel(PredictRequest), AnswerJson(),
-                   "Per-node predictions for node_ids: label, score, probabilities, the exact graphsage:<version> "
-                   "that answered, degraded when features were unavailable; with explain, each node's neighbourhood.")
-GRAPH_UPDATES = Endpoint("graph_update", "/graph/updates", GraphUpdateBody(), JsonModel(GraphUpdateAck),
-                         "Add nodes, set features, add or remove edges and nodes (scope graph): validated whole, "
-                         "applied atomically, answered once durable; /predict with min_sequence reads it.",
-                         idempotent=False)
-ROUTING = Endpoint("change_routing", "/admin/routing", JsonModel(RoutingChange), JsonDocument("the routing table"),
-                   "Set weights, promote (optionally behind a shadow agreement bar), roll back, set or clear a shadow "
-                   "(scope admin).", idempotent=False)
-COMPACT = Endpoint("compact", "/admin/graph/compact", JsonModel(CompactRequest), JsonDocument("the new snapshot"),
-                   "Fold the update log into a new graph snapshot (scope admin); every FeatureRunner worker switches "
-                   "to it with no failed request and no changed answer.", idempotent=False)
-MODELS = Endpoint("models", "/models", NO_BODY, JsonDocument("routing, model_runner, feature_runner"),
-                  "The routing table and what each runner has loaded (scope predict).", method="GET")
-GRAPH_STATUS = Endpoint("graph_status", "/graph/status", NO_BODY, JsonDocument("log, workers, capacity, directed"),
-                        "The update log's head and each FeatureRunner worker's applied sequence, lag and overlay size "
-                        "(scope predict).", method="GET")
-SHADOW = Endpoint("shadow", "/admin/shadow", NO_BODY, JsonDocument("shadows, queue, pairs"),
-                  "The shadow canary's figures per (primary, shadow) pair (scope admin).", method="GET")
+PREDICT = Endpoint(
+    "predict",
+    "/predict",
+    JsonModel(PredictRequest),
+    AnswerJson(),
+    "Per-node predictions for node_ids: label, score, probabilities, the exact graphsage:<version> "
+    "that answered, degraded when features were unavailable; with explain, each node's neighbourhood.",
+)
+GRAPH_UPDATES = Endpoint(
+    "graph_update",
+    "/graph/updates",
+    GraphUpdateBody(),
+    JsonModel(GraphUpdateAck),
+    "Add nodes, set features, add or remove edges and nodes (scope graph): validated whole, "
+    "applied atomically, answered once durable; /predict with min_sequence reads it.",
+    idempotent=False,
+)
+ROUTING = Endpoint(
+    "change_routing",
+    "/admin/routing",
+    JsonModel(RoutingChange),
+    JsonDocument("the routing table"),
+    "Set weights, promote (optionally behind a shadow agreement bar), roll back, set or clear a shadow (scope admin).",
+    idempotent=False,
+)
+COMPACT = Endpoint(
+    "compact",
+    "/admin/graph/compact",
+    JsonModel(CompactRequest),
+    JsonDocument("the new snapshot"),
+    "Fold the update log into a new graph snapshot (scope admin); every FeatureRunner worker switches "
+    "to it with no failed request and no changed answer.",
+    idempotent=False,
+)
+MODELS = Endpoint(
+    "models",
+    "/models",
+    NO_BODY,
+    JsonDocument("routing, model_runner, feature_runner"),
+    "The routing table and what each runner has loaded (scope predict).",
+    method="GET",
+)
+GRAPH_STATUS = Endpoint(
+    "graph_status",
+    "/graph/status",
+    NO_BODY,
+    JsonDocument("log, workers, capacity, directed"),
+    "The update log's head and each FeatureRunner worker's applied sequence, lag and overlay size (scope predict).",
+    method="GET",
+)
+SHADOW = Endpoint(
+    "shadow",
+    "/admin/shadow",
+    NO_BODY,
+    JsonDocument("shadows, queue, pairs"),
+    "The shadow canary's figures per (primary, shadow) pair (scope admin).",
+    method="GET",
+)
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (PREDICT, GRAPH_UPDATES, ROUTING, COMPACT, MODELS, GRAPH_STATUS, SHADOW)
 
 # What the public routes answer besides a result (every one as ErrorBody, in the OpenAPI document).
 ERRORS = {
-    400: "bad input: the field and the reason (a duplicated header: its name)", 401: "no key, or an unknown one",
-    403: "a key without the route's scope", 404: "an unknown model, version or node",
-    406: "an Accept that excludes JSON", 409: "a routing change refused (a promotion under its agreement bar)",
-    413: "a body or an id list over its limit", 415: "a body that is not JSON",
-    422: "a graph update that does not apply, or a min_sequence never issued", 429: "rate limited (Retry-After)",
-    503: "a runner unavailable, an update not applied yet, overloaded (Retry-After)", 504: "not answered in time",
+    400: "bad input: the field and the reason (a duplicated header: its name)",
+    401: "no key, or an unknown one",
+    403: "a key without the route's scope",
+    404: "an unknown model, version or node",
+    406: "an Accept that excludes JSON",
+    409: "a routing change refused (a promotion under its agreement bar)",
+    413: "a body or an id list over its limit",
+    415: "a body that is not JSON",
+    422: "a graph update that does not apply, or a min_sequence never issued",
+    429: "rate limited (Retry-After)",
+    503: "a runner unavailable, an update not applied yet, overloaded (Retry-After)",
+    504: "not answered in time",
 }

@@ -44,7 +44,7 @@ import re
 import secrets
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from common.errors import KindOfError
 from common.files import atomic_write_json, file_lock, file_signature
@@ -70,7 +70,7 @@ class Unauthenticated(AuthError):
     """No key, a malformed header, or an unknown key (HTTP 401)."""
 
     status_code = 401
-    headers_of_kind = {"WWW-Authenticate": "Bearer"}
+    headers_of_kind: ClassVar[dict[str, str]] = {"WWW-Authenticate": "Bearer"}
 
 
 class Forbidden(AuthError):
@@ -169,9 +169,7 @@ def write_entries(path: str, entries: Sequence[KeyEntry]) -> None:
 
 
 class ApiKeyAuth:
-    def __init__(
-        self, entries: Iterable[KeyEntry], *, enabled: bool = True, path: str | None = None
-    ) -> None:
+    def __init__(self, entries: Iterable[KeyEntry], *, enabled: bool = True, path: str | None = None) -> None:
         self.enabled = enabled
         self.path = path
         self._set_entries(list(entries))
@@ -183,8 +181,10 @@ class ApiKeyAuth:
                 ",".join(sorted(SCOPES)),
             )
         elif not self._entries:
-            log.warning("API key authentication is enabled but %s holds no keys: every "
-                        "request will get 401", path or "the key list")
+            log.warning(
+                "API key authentication is enabled but %s holds no keys: every request will get 401",
+                path or "the key list",
+            )
 
     def _set_entries(self, entries: list[KeyEntry]) -> None:
         self._entries = entries
@@ -222,8 +222,7 @@ class ApiKeyAuth:
         try:
             entries = load_entries(self.path)
         except (OSError, ValueError) as exc:
-            log.error("API key file %s not reloaded, keeping %d keys: %s",
-                      self.path, len(self._entries), exc)
+            log.error("API key file %s not reloaded, keeping %d keys: %s", self.path, len(self._entries), exc)
             return False
         self._set_entries(entries)
         log.info("API key file %s reloaded: %d keys", self.path, len(entries))
@@ -242,14 +241,11 @@ class ApiKeyAuth:
                 return token
             if not (api_key_header and api_key_header.strip()):
                 raise Unauthenticated(
-                    "unsupported Authorization scheme: send 'Authorization: Bearer <api key>' "
-                    "or 'X-API-Key: <api key>'"
+                    "unsupported Authorization scheme: send 'Authorization: Bearer <api key>' or 'X-API-Key: <api key>'"
                 )
         if api_key_header is not None and api_key_header.strip():
             return api_key_header.strip()
-        raise Unauthenticated(
-            "missing API key: send 'Authorization: Bearer <api key>' or 'X-API-Key: <api key>'"
-        )
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <api key>' or 'X-API-Key: <api key>'")
 
     def authenticate(self, header_value: str | None, api_key_header: str | None) -> Principal:
         """``header_value``: the Authorization header; ``api_key_header``: X-API-Key."""
@@ -290,19 +286,28 @@ def _read_for_update(path: str) -> list[KeyEntry]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     default_file = os.environ.get("GSAGE_API_KEYS_FILE") or None
-    parser = argparse.ArgumentParser(prog="python -m services.auth", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m services.auth",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name, help_ in (("create", "add a key and print it once"), ("list", "names and scopes"),
-                        ("revoke", "remove a key by name")):
+    for name, help_ in (
+        ("create", "add a key and print it once"),
+        ("list", "names and scopes"),
+        ("revoke", "remove a key by name"),
+    ):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--file", default=default_file, required=default_file is None,
-                       help="the key file (default: $GSAGE_API_KEYS_FILE)")
+        p.add_argument(
+            "--file",
+            default=default_file,
+            required=default_file is None,
+            help="the key file (default: $GSAGE_API_KEYS_FILE)",
+        )
         if name in ("create", "revoke"):
             p.add_argument("--name", required=True)
         if name == "create":
-            p.add_argument("--scopes", default="predict",
-                           help=f"comma-separated, of {','.join(sorted(SCOPES))}")
+            p.add_argument("--scopes", default="predict", help=f"comma-separated, of {','.join(sorted(SCOPES))}")
     args = parser.parse_args(argv)
 
     try:
@@ -322,8 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 key = generate_key()
                 write_entries(args.file, [*entries, KeyEntry(args.name, hash_key(key), scopes)])
                 print(key)  # the only time the key is shown
-                print(f"created key {args.name!r} with scopes {','.join(sorted(scopes))} in "
-                      f"{args.file}; store it now, it cannot be shown again", file=sys.stderr)
+                print(
+                    f"created key {args.name!r} with scopes {','.join(sorted(scopes))} in "
+                    f"{args.file}; store it now, it cannot be shown again",
+                    file=sys.stderr,
+                )
             else:  # revoke
                 kept = [e for e in entries if e.name != args.name]
                 if len(kept) == len(entries):

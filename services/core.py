@@ -37,14 +37,28 @@ class _Quiet:
 
 class TooManyNodes(ApiError):
     def __init__(self, nodes: int, limit: int) -> None:
-        super().__init__(413, f"{nodes} node ids; at most {limit} per request (GSAGE_MAX_NODES_PER_REQUEST)",
-                         type="too_many_nodes", param="node_ids")
+        super().__init__(
+            413,
+            f"{nodes} node ids; at most {limit} per request (GSAGE_MAX_NODES_PER_REQUEST)",
+            type="too_many_nodes",
+            param="node_ids",
+        )
 
 
 class GatewayCore:
-    def __init__(self, prediction: PredictionCore, graph: GraphUpdates, admin: Admin, *, max_nodes_per_request: int,
-                 explain_max_nodes: int, reload: Callable[[], None] = lambda: None, reload_interval_s: float = 1.0,
-                 observer: GatewayObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        prediction: PredictionCore,
+        graph: GraphUpdates,
+        admin: Admin,
+        *,
+        max_nodes_per_request: int,
+        explain_max_nodes: int,
+        reload: Callable[[], None] = lambda: None,
+        reload_interval_s: float = 1.0,
+        observer: GatewayObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``reload``: picks up routing changes and key-file changes; called at most once per
         ``reload_interval_s`` (``clock``) on the request path."""
         self.prediction = prediction
@@ -79,8 +93,9 @@ class GatewayCore:
             self._observer.answered(req.model, str(exc.status), None)
             raise
         finally:
-            self._observer.breakers(self.prediction.feature_breaker.state_value,
-                                    self.prediction.model_breaker.state_value)
+            self._observer.breakers(
+                self.prediction.feature_breaker.state_value, self.prediction.model_breaker.state_value
+            )
         self._observer.answered(answer.model, "degraded" if answer.degraded else "ok", time.perf_counter() - started)
         return answer
 

@@ -49,8 +49,14 @@ _core: CoreHolder[GatewayCore] = CoreHolder()
 
 
 def _access(cfg: Settings) -> GatewayAccess:
-    return GatewayAccess(lambda: (ApiKeyAuth.from_settings(cfg.access), build_rate_limiter(
-        cfg.access, cfg.redis, timeout_s=cfg.l2_timeout_s, retry_backoff_s=cfg.l2_retry_backoff_s)))
+    return GatewayAccess(
+        lambda: (
+            ApiKeyAuth.from_settings(cfg.access),
+            build_rate_limiter(
+                cfg.access, cfg.redis, timeout_s=cfg.l2_timeout_s, retry_backoff_s=cfg.l2_retry_backoff_s
+            ),
+        )
+    )
 
 
 ACCESS = _access(settings())  # one per process, for the HTTP guard and the gRPC front end
@@ -61,33 +67,62 @@ def assemble(cfg: Settings, feature: FeatureRunnerApi, model: ModelRunnerApi, ac
     routing = RoutingTable.from_settings(cfg.routing, cfg.model_tags)
     shadow_cfg = cfg.shadow
     shadow = ShadowCanary(
-        routing.shadow_for, feature.predict, queue_size=shadow_cfg.shadow_queue_size,
-        max_inflight=shadow_cfg.shadow_max_inflight, max_nodes=cfg.coalesce_max_nodes,
-        batch_nodes=shadow_cfg.shadow_batch_nodes, linger_s=shadow_cfg.shadow_linger_ms / 1000,
-        timeout_s=shadow_cfg.shadow_timeout_s, transport_dtype=cfg.feature_transport_dtype,
+        routing.shadow_for,
+        feature.predict,
+        queue_size=shadow_cfg.shadow_queue_size,
+        max_inflight=shadow_cfg.shadow_max_inflight,
+        max_nodes=cfg.coalesce_max_nodes,
+        batch_nodes=shadow_cfg.shadow_batch_nodes,
+        linger_s=shadow_cfg.shadow_linger_ms / 1000,
+        timeout_s=shadow_cfg.shadow_timeout_s,
+        transport_dtype=cfg.feature_transport_dtype,
         breaker=CircuitBreaker.from_settings("shadow", cfg.runner_calls),
         stats_path=worker_stats_path(stats_dir(shadow_cfg.shadow_stats_dir, cfg.routing_file)),
-        flush_interval_s=shadow_cfg.shadow_flush_interval_s, observer=ShadowPrometheus())
+        flush_interval_s=shadow_cfg.shadow_flush_interval_s,
+        observer=ShadowPrometheus(),
+    )
     prediction = PredictionCore(
-        routing, feature.predict, CircuitBreaker.from_settings("feature-runner", cfg.runner_calls),
-        CircuitBreaker.from_settings("model-runner", cfg.runner_calls), cfg.runner_timeout_s, cfg.coalescing,
-        stale=StaleAnswers(cfg.stale_answers), min_sequence_wait_s=cfg.min_sequence_wait_s,
-        transport_dtype=cfg.feature_transport_dtype, shadow=shadow)
+        routing,
+        feature.predict,
+        CircuitBreaker.from_settings("feature-runner", cfg.runner_calls),
+        CircuitBreaker.from_settings("model-runner", cfg.runner_calls),
+        cfg.runner_timeout_s,
+        cfg.coalescing,
+        stale=StaleAnswers(cfg.stale_answers),
+        min_sequence_wait_s=cfg.min_sequence_wait_s,
+        transport_dtype=cfg.feature_transport_dtype,
+        shadow=shadow,
+    )
     observer = GatewayPrometheus()
     graph = GraphUpdates(feature, cfg.graph_update_timeout_s, cfg.runner_timeout_s, accepted=observer.graph_ops)
-    admin = Admin(routing, shadow, feature, model, compaction_timeout_s=cfg.compaction_timeout_s,
-                  describe_timeout_s=cfg.runner_timeout_s)
+    admin = Admin(
+        routing,
+        shadow,
+        feature,
+        model,
+        compaction_timeout_s=cfg.compaction_timeout_s,
+        describe_timeout_s=cfg.runner_timeout_s,
+    )
 
     def reload() -> None:  # routing changes made by any worker or the CLI; keys created or revoked
         routing.reload_if_changed(force=True)
         access.auth.reload_if_changed()
 
-    return GatewayCore(prediction, graph, admin, max_nodes_per_request=cfg.max_nodes_per_request,
-                       explain_max_nodes=cfg.explain_max_nodes, reload=reload,
-                       reload_interval_s=cfg.routing_poll_interval_s, observer=observer)
+    return GatewayCore(
+        prediction,
+        graph,
+        admin,
+        max_nodes_per_request=cfg.max_nodes_per_request,
+        explain_max_nodes=cfg.explain_max_nodes,
+        reload=reload,
+        reload_interval_s=cfg.routing_poll_interval_s,
+        observer=observer,
+    )
 
 
-@bentoml.service(name="Gateway", **gateway_service_config(settings().serving, settings().security, settings().bind_host))
+@bentoml.service(
+    name="Gateway", **gateway_service_config(settings().serving, settings().security, settings().bind_host)
+)
 class Gateway:
     feature_runner = bentoml.depends(FeatureRunner)
     model_runner = bentoml.depends(GraphSAGERunner)
@@ -97,8 +132,9 @@ class Gateway:
         self.settings = cfg
         tokens = ServiceTokens.from_settings(cfg.security)
         # A compaction's call is the longest any may take; each call is bounded by its own deadline.
-        feature = FeatureRunnerApi(transport_for(type(self).feature_runner, tokens, cfg.runner_calls,
-                                                 backstop_s=cfg.compaction_timeout_s + 30))
+        feature = FeatureRunnerApi(
+            transport_for(type(self).feature_runner, tokens, cfg.runner_calls, backstop_s=cfg.compaction_timeout_s + 30)
+        )
         model = ModelRunnerApi(transport_for(type(self).model_runner, tokens, cfg.runner_calls))
         self.core = assemble(cfg, feature, model, ACCESS)
         self.grpc_server: Any = None
@@ -116,9 +152,15 @@ class Gateway:
             log.exception("gRPC front end unavailable")
             return
         self.grpc_server = await start_grpc_server(
-            self.core, ACCESS, cfg.grpc_port, host=cfg.bind_host, max_receive_bytes=cfg.max_body_bytes,
-            max_concurrent_rpcs=cfg.gateway_max_concurrency, tls_cert_file=cfg.tls_cert_file,
-            tls_key_file=cfg.tls_key_file)
+            self.core,
+            ACCESS,
+            cfg.grpc_port,
+            host=cfg.bind_host,
+            max_receive_bytes=cfg.max_body_bytes,
+            max_concurrent_rpcs=cfg.gateway_max_concurrency,
+            tls_cert_file=cfg.tls_cert_file,
+            tls_key_file=cfg.tls_key_file,
+        )
 
     @bentoml.on_shutdown
     async def close(self) -> None:
@@ -161,5 +203,11 @@ class Gateway:
         return await self.core.change_routing(RoutingChange(**params))
 
 
-expose(Gateway, api.ENDPOINTS, _core, HttpGuard, {"access": ACCESS, "max_body_bytes": settings().max_body_bytes},
-       documents={"/docs.json": lambda: document(Gateway, api.ENDPOINTS, api.ERRORS)})
+expose(
+    Gateway,
+    api.ENDPOINTS,
+    _core,
+    HttpGuard,
+    {"access": ACCESS, "max_body_bytes": settings().max_body_bytes},
+    documents={"/docs.json": lambda: document(Gateway, api.ENDPOINTS, api.ERRORS)},
+)

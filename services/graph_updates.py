@@ -23,14 +23,23 @@ from common.remote import ServiceUnavailable, failure_reason
 
 class UpdateNotConfirmed(ApiError):
     def __init__(self, reason: str) -> None:
-        super().__init__(503, f"graph update not confirmed ({reason}); it may or may not have been applied: read "
-                              "/graph/status before sending it again", {"Retry-After": "1"},
-                         type="update_not_confirmed")
+        super().__init__(
+            503,
+            f"graph update not confirmed ({reason}); it may or may not have been applied: read "
+            "/graph/status before sending it again",
+            {"Retry-After": "1"},
+            type="update_not_confirmed",
+        )
 
 
 class GraphUpdates:
-    def __init__(self, feature: FeatureRunnerApi, update_timeout_s: float, status_timeout_s: float,
-                 accepted: Callable[[str, int], None] = lambda op, n: None) -> None:
+    def __init__(
+        self,
+        feature: FeatureRunnerApi,
+        update_timeout_s: float,
+        status_timeout_s: float,
+        accepted: Callable[[str, int], None] = lambda op, n: None,
+    ) -> None:
         """``accepted``: called per op kind of every acknowledged batch (a metric)."""
         self.feature = feature
         self.update_timeout_s = update_timeout_s

@@ -45,10 +45,18 @@ def _metadata(api_key: str | None) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {api_key}")] if api_key else []
 
 
-def build_request(node_ids: list[int], *, model: str = "", version: str | None = None,
-                  fanout: list[int] | None = None, routing_key: str | None = None,
-                  seed: int | None = None, embedding: bool = False, min_sequence: int | None = None,
-                  explain: bool = False) -> Any:
+def build_request(
+    node_ids: list[int],
+    *,
+    model: str = "",
+    version: str | None = None,
+    fanout: list[int] | None = None,
+    routing_key: str | None = None,
+    seed: int | None = None,
+    embedding: bool = False,
+    min_sequence: int | None = None,
+    explain: bool = False,
+) -> Any:
     """A ``PredictRequest``; fields left None stay absent (proto3 ``optional``)."""
     msg = pb.PredictRequest(node_ids=node_ids, model=model, fanout=fanout or [], embedding=embedding, explain=explain)
     if version is not None:
@@ -65,8 +73,7 @@ def build_request(node_ids: list[int], *, model: str = "", version: str | None =
 def to_dict(msg: Any) -> dict[str, Any]:
     """Proto -> JSON-able dict with snake_case names, int64 as numbers, and the zero values of
     non-optional fields present (``degraded: false``, ``stale: false``)."""
-    out = MessageToDict(msg, preserving_proto_field_name=True,
-                        always_print_fields_with_no_presence=True)
+    out = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
     def ints(d: dict[str, Any], *keys: str) -> None:
         for k in keys:  # MessageToDict writes 64-bit integers as strings (JSON mapping)
@@ -91,8 +98,15 @@ def channel(target: str, tls_ca_file: str | None = None) -> grpc.Channel:
         return grpc.secure_channel(target, grpc.ssl_channel_credentials(f.read()), options=CHANNEL_OPTIONS)
 
 
-def predict(target: str, node_ids: list[int], api_key: str | None = None, *,
-            timeout_s: float = 10.0, tls_ca_file: str | None = None, **kw: Any) -> dict[str, Any]:
+def predict(
+    target: str,
+    node_ids: list[int],
+    api_key: str | None = None,
+    *,
+    timeout_s: float = 10.0,
+    tls_ca_file: str | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
     """One ``Predict`` call; ``kw``: model, version, fanout, routing_key, seed, embedding, explain.
     Raises ``grpc.RpcError`` (``.code()``, ``.details()``) on any error status."""
     with channel(target, tls_ca_file) as channel_:
@@ -101,13 +115,18 @@ def predict(target: str, node_ids: list[int], api_key: str | None = None, *,
     return to_dict(reply)
 
 
-def list_models(target: str, api_key: str | None = None, *, timeout_s: float = 10.0,
-                tls_ca_file: str | None = None) -> dict[str, Any]:
+def list_models(
+    target: str, api_key: str | None = None, *, timeout_s: float = 10.0, tls_ca_file: str | None = None
+) -> dict[str, Any]:
     with channel(target, tls_ca_file) as channel_:
         reply = pb_grpc.GraphSAGEStub(channel_).ListModels(
-            pb.ListModelsRequest(), metadata=_metadata(api_key), timeout=timeout_s)
-    return {"routing": json.loads(reply.routing_json or "null"), "loaded_models": list(reply.loaded_models),
-            "details": json.loads(reply.details_json or "null")}
+            pb.ListModelsRequest(), metadata=_metadata(api_key), timeout=timeout_s
+        )
+    return {
+        "routing": json.loads(reply.routing_json or "null"),
+        "loaded_models": list(reply.loaded_models),
+        "details": json.loads(reply.details_json or "null"),
+    }
 
 
 def _ints(text: str) -> list[int]:
@@ -115,12 +134,12 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.grpc_client",
-                                     description="Call the gateway's gRPC API and print JSON.")
+    parser = argparse.ArgumentParser(
+        prog="python -m services.grpc_client", description="Call the gateway's gRPC API and print JSON."
+    )
     parser.add_argument("--target", default="127.0.0.1:50051", help="host:port (default %(default)s)")
     parser.add_argument("--node-ids", type=_ints, help="comma-separated node ids")
-    parser.add_argument("--api-key", default=os.environ.get("GSAGE_API_KEY"),
-                        help="API key (default: $GSAGE_API_KEY)")
+    parser.add_argument("--api-key", default=os.environ.get("GSAGE_API_KEY"), help="API key (default: $GSAGE_API_KEY)")
     parser.add_argument("--model", default="")
     parser.add_argument("--version")
     parser.add_argument("--fanout", type=_ints)
@@ -138,10 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.node_ids:
                 parser.error("--node-ids is required (or --list-models)")
-            out = predict(args.target, args.node_ids, args.api_key, timeout_s=args.timeout, tls_ca_file=args.tls_ca,
-                          model=args.model, version=args.version, fanout=args.fanout,
-                          routing_key=args.routing_key, seed=args.seed, embedding=args.embedding,
-                          explain=args.explain)
+            out = predict(
+                args.target,
+                args.node_ids,
+                args.api_key,
+                timeout_s=args.timeout,
+                tls_ca_file=args.tls_ca,
+                model=args.model,
+                version=args.version,
+                fanout=args.fanout,
+                routing_key=args.routing_key,
+                seed=args.seed,
+                embedding=args.embedding,
+                explain=args.explain,
+            )
     except grpc.RpcError as exc:
         print(json.dumps({"error": exc.details(), "code": exc.code().name}), file=sys.stderr)
         return 1

@@ -131,17 +131,18 @@ def _relativise(path: Path, proto: str) -> None:
 
     for module, pkg in _module_names().items():
         leaf = module.rpartition(".")[2]
-        text = re.sub(rf"^from {re.escape(pkg)} import {leaf}\b", f"from {rel(pkg)} import {leaf}",
-                      text, flags=re.M)
-        text = re.sub(rf"^import {re.escape(module)} as (\w+)$", rf"from {rel(pkg)} import {leaf} as \1",
-                      text, flags=re.M)
+        text = re.sub(rf"^from {re.escape(pkg)} import {leaf}\b", f"from {rel(pkg)} import {leaf}", text, flags=re.M)
+        text = re.sub(
+            rf"^import {re.escape(module)} as (\w+)$", rf"from {rel(pkg)} import {leaf} as \1", text, flags=re.M
+        )
     top_levels = {m.split(".")[0] for m in _module_names()}
     for top in top_levels:
         left = re.search(rf"^\s*(from|import) {re.escape(top)}(\.|\s)", text, flags=re.M)
         if left:
             raise StubGenerationError(
                 f"{path.name}: unrecognised generated import {left.group(0).strip()!r}; "
-                "services/grpc_codegen.py must learn to rewrite it")
+                "services/grpc_codegen.py must learn to rewrite it"
+            )
     path.write_text(text, encoding="utf-8")
 
 
@@ -153,7 +154,8 @@ def _run_protoc(out_dir: Path) -> None:
     except ImportError as exc:
         raise StubGenerationError(
             "gRPC stubs are missing and grpcio-tools is not installed: "
-            "pip install grpcio-tools, then python -m services.grpc_codegen") from exc
+            "pip install grpcio-tools, then python -m services.grpc_codegen"
+        ) from exc
     google_protos = resources.files("grpc_tools") / "_proto"
     with resources.as_file(google_protos) as include:
         args = [
@@ -216,11 +218,13 @@ def ensure_stubs(force: bool = False) -> None:
             if not force and not reasons:
                 return
             written = generate()
-            log.info("gRPC stubs generated (%s): %s", "; ".join(reasons) or "forced",
-                     ", ".join(_show(p) for p in written))
+            log.info(
+                "gRPC stubs generated (%s): %s", "; ".join(reasons) or "forced", ", ".join(_show(p) for p in written)
+            )
     except (OSError, StubGenerationError) as exc:
         usable = all(out.exists() for proto in PROTOS for out in _outputs(proto)) and all(
-            (pkg / "__init__.py").exists() for proto in PROTOS for pkg in _packages(proto))
+            (pkg / "__init__.py").exists() for proto in PROTOS for pkg in _packages(proto)
+        )
         if usable and not force:
             log.warning("gRPC stubs look stale but could not be regenerated (%s); using them", exc)
             return

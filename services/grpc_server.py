@@ -162,8 +162,9 @@ def ops_from_proto(msg: Any) -> list[dict[str, Any]]:
 
 
 def to_proto(resp: Answer | PredictResponse) -> Any:
-    out = pb.PredictResponse(model=resp.model, precision=resp.precision, degraded=resp.degraded,
-                             degraded_reason=resp.degraded_reason or "")
+    out = pb.PredictResponse(
+        model=resp.model, precision=resp.precision, degraded=resp.degraded, degraded_reason=resp.degraded_reason or ""
+    )
     nodes = resp.nodes() if isinstance(resp, Answer) else (p.model_dump() for p in resp.predictions)
     for p in nodes:
         node = out.predictions.add(node_id=p["node_id"], stale=p["stale"])
@@ -186,8 +187,9 @@ def _explanation(out: Any, explanation: dict[str, Any]) -> None:
     out.classes.extend(_ints(explanation["classes"]))
     out.empty_slots = explanation["empty_slots"]
     for n in explanation["neighbours"]:
-        out.neighbours.add(node_id=n["node_id"], influence=_floats(n["influence"]), hop2=_ints(n["hop2"]),
-                           hop2_empty=n["hop2_empty"])
+        out.neighbours.add(
+            node_id=n["node_id"], influence=_floats(n["influence"]), hop2=_ints(n["hop2"]), hop2_empty=n["hop2_empty"]
+        )
 
 
 def _ints(values: Any) -> list[int]:
@@ -202,7 +204,9 @@ def _floats(values: Any) -> list[float]:
 def trailers_of(exc: ApiError) -> list[tuple[str, str]]:
     """An error's type, param and headers as the trailers of the RPC that failed."""
     out = [("error-type", exc.type), *((("error-param", exc.param),) if exc.param else ())]
-    return out + [(k.lower(), str(v)) for k, v in exc.headers.items() if k.lower() in ("retry-after", "www-authenticate")]
+    return out + [
+        (k.lower(), str(v)) for k, v in exc.headers.items() if k.lower() in ("retry-after", "www-authenticate")
+    ]
 
 
 class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
@@ -214,15 +218,24 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
 
     async def _admit(self, context: grpc.aio.ServicerContext, scope: str) -> None:
         # One reading of the credentials, as HTTP's: a second authorization or x-api-key is refused.
-        metadata = RequestHeaders((key.encode("latin-1"), value.encode("latin-1"))
-                                  for key, value in context.invocation_metadata() or () if isinstance(value, str))
+        metadata = RequestHeaders(
+            (key.encode("latin-1"), value.encode("latin-1"))
+            for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)
+        )
         principal = self.access.auth.check(metadata.get("authorization"), metadata.get("x-api-key"), scope)
         decision = await self.access.limiter.acquire(principal.name)
         if not decision.allowed:
             raise rate_limited(decision.retry_after_s)
 
-    async def _serve(self, request: Any, context: grpc.aio.ServicerContext,
-                     body: Callable[[Any], Any], method: str, scope: str = "predict") -> Any:
+    async def _serve(
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        body: Callable[[Any], Any],
+        method: str,
+        scope: str = "predict",
+    ) -> Any:
         try:
             if isinstance(request, _Malformed):
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
@@ -232,7 +245,7 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
             failure = exc
         except ApiError as exc:
             failure = _Reject(status_for(exc.status), exc.message, trailers_of(exc))
-        except Exception:  # noqa: BLE001 - a bug: logged here, a generic message to the caller
+        except Exception:
             log.exception("gRPC %s failed", method)
             failure = _Reject(grpc.StatusCode.INTERNAL, "internal error")
         trailers = failure.trailers
@@ -241,7 +254,7 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         # Outside the try: abort() ends the RPC by raising.
         await context.abort(failure.code, failure.message, trailers)
 
-    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def body(msg: Any) -> Any:
             try:
                 req = to_request(msg)
@@ -251,22 +264,24 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
 
         return await self._serve(request, context, body, "Predict")
 
-    async def UpdateGraph(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def UpdateGraph(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def body(msg: Any) -> Any:
             ack = await self.core.graph_update(ops_from_proto(msg))
             return pb.UpdateGraphResponse(accepted=ack.accepted, sequence=ack.sequence)
 
         return await self._serve(request, context, body, "UpdateGraph", scope="graph")
 
-    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def body(_: Any) -> Any:
             doc = await self.core.models()
             runner = doc.get("model_runner")
             loaded = runner.get("loaded", []) if isinstance(runner, dict) else []
             tags = [m.get("tag", "") if isinstance(m, dict) else str(m) for m in loaded]
-            return pb.ListModelsResponse(routing_json=json.dumps(doc.get("routing"), sort_keys=True),
-                                         loaded_models=[t for t in tags if t],
-                                         details_json=json.dumps(doc, sort_keys=True, default=str))
+            return pb.ListModelsResponse(
+                routing_json=json.dumps(doc.get("routing"), sort_keys=True),
+                loaded_models=[t for t in tags if t],
+                details_json=json.dumps(doc, sort_keys=True, default=str),
+            )
 
         return await self._serve(request, context, body, "ListModels")
 
@@ -276,14 +291,20 @@ def rpc_handler(servicer: GraphSAGEServicer) -> grpc.GenericRpcHandler:
     undecodable bytes into INVALID_ARGUMENT instead of grpc's INTERNAL."""
     handlers = {
         "Predict": grpc.unary_unary_rpc_method_handler(
-            servicer.Predict, request_deserializer=_lenient(pb.PredictRequest),
-            response_serializer=pb.PredictResponse.SerializeToString),
+            servicer.Predict,
+            request_deserializer=_lenient(pb.PredictRequest),
+            response_serializer=pb.PredictResponse.SerializeToString,
+        ),
         "UpdateGraph": grpc.unary_unary_rpc_method_handler(
-            servicer.UpdateGraph, request_deserializer=_lenient(pb.UpdateGraphRequest),
-            response_serializer=pb.UpdateGraphResponse.SerializeToString),
+            servicer.UpdateGraph,
+            request_deserializer=_lenient(pb.UpdateGraphRequest),
+            response_serializer=pb.UpdateGraphResponse.SerializeToString,
+        ),
         "ListModels": grpc.unary_unary_rpc_method_handler(
-            servicer.ListModels, request_deserializer=_lenient(pb.ListModelsRequest),
-            response_serializer=pb.ListModelsResponse.SerializeToString),
+            servicer.ListModels,
+            request_deserializer=_lenient(pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
@@ -296,9 +317,17 @@ def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials 
         return grpc.ssl_server_credentials([(key.read(), cert.read())])
 
 
-async def start_grpc_server(core: GatewayCore, access: GatewayAccess, port: int, *, host: str,
-                            max_receive_bytes: int, max_concurrent_rpcs: int, tls_cert_file: str = "",
-                            tls_key_file: str = "") -> grpc.aio.Server | None:
+async def start_grpc_server(
+    core: GatewayCore,
+    access: GatewayAccess,
+    port: int,
+    *,
+    host: str,
+    max_receive_bytes: int,
+    max_concurrent_rpcs: int,
+    tls_cert_file: str = "",
+    tls_key_file: str = "",
+) -> grpc.aio.Server | None:
     """Start ``graphsage.v1.GraphSAGE`` + health + reflection on ``host:port`` (port 0 picks a
     free one) and return the started server, or None (logged) when the port cannot be bound,
     e.g. another gateway worker holds it. The bound port is recorded as ``server.bound_port``."""
@@ -319,18 +348,26 @@ async def start_grpc_server(core: GatewayCore, access: GatewayAccess, port: int,
 
     address = f"{host}:{port}"
     try:
-        bound = (server.add_insecure_port(address) if credentials is None
-                 else server.add_secure_port(address, credentials))
+        bound = (
+            server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
+        )
     except RuntimeError as exc:  # grpc >= 1.5x raises; older versions return 0
         log.debug("binding %s: %s", address, exc)
         bound = 0
     if not bound:
-        log.warning("gRPC front end NOT started: cannot bind %s (port in use, e.g. by another "
-                    "gateway worker, which then serves gRPC). This worker serves HTTP only.", address)
+        log.warning(
+            "gRPC front end NOT started: cannot bind %s (port in use, e.g. by another "
+            "gateway worker, which then serves gRPC). This worker serves HTTP only.",
+            address,
+        )
         await server.stop(None)
         return None
     await server.start()
     server.bound_port = bound  # type: ignore[attr-defined]
-    log.info("gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d%s", host, bound,
-             " (TLS)" if credentials is not None else "")
+    log.info(
+        "gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d%s",
+        host,
+        bound,
+        " (TLS)" if credentials is not None else "",
+    )
     return server

@@ -19,14 +19,28 @@ def gateway_metrics() -> SimpleNamespace:
 
     m = bentoml.metrics
     return SimpleNamespace(
-        requests=m.Counter(name="gateway_requests_total", documentation="Predict requests by version and outcome",
-                           labelnames=["model", "outcome"]),
-        latency=m.Histogram(name="gateway_request_seconds", documentation="End-to-end predict latency by version",
-                            labelnames=["model", "outcome"], buckets=LATENCY_BUCKETS),
-        graph_updates=m.Counter(name="gateway_graph_updates_accepted_total",
-                                documentation="Graph update ops accepted (durable in the update log)", labelnames=["op"]),
-        breaker=m.Gauge(name="gateway_breaker_state", documentation="Circuit breaker: 0 closed, 1 half-open, 2 open",
-                        labelnames=["dependency"], multiprocess_mode="livemax"),
+        requests=m.Counter(
+            name="gateway_requests_total",
+            documentation="Predict requests by version and outcome",
+            labelnames=["model", "outcome"],
+        ),
+        latency=m.Histogram(
+            name="gateway_request_seconds",
+            documentation="End-to-end predict latency by version",
+            labelnames=["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+        ),
+        graph_updates=m.Counter(
+            name="gateway_graph_updates_accepted_total",
+            documentation="Graph update ops accepted (durable in the update log)",
+            labelnames=["op"],
+        ),
+        breaker=m.Gauge(
+            name="gateway_breaker_state",
+            documentation="Circuit breaker: 0 closed, 1 half-open, 2 open",
+            labelnames=["dependency"],
+            multiprocess_mode="livemax",
+        ),
     )
 
 
@@ -56,25 +70,42 @@ def shadow_metrics() -> SimpleNamespace:
     m = bentoml.metrics
     pair = ["primary", "shadow"]
     return SimpleNamespace(
-        requests=m.Counter(name="gateway_shadow_requests_total", labelnames=[*pair, "outcome"],
-                           documentation="Shadow requests: compared, dropped (queue full), failed, incompatible"),
-        predictions=m.Counter(name="gateway_shadow_predictions_total", labelnames=[*pair, "agree"],
-                              documentation="Compared predictions, by whether both versions gave the same label(s)"),
-        diff=m.Histogram(name="gateway_shadow_probability_diff", labelnames=pair, buckets=DIFF_BUCKETS,
-                         documentation="Largest probability difference of each compared prediction"),
-        latency=m.Histogram(name="gateway_shadow_call_seconds", labelnames=[*pair, "side"], buckets=LATENCY_BUCKETS,
-                            documentation="FeatureRunner call of each side of a compared request"),
-        confusion=m.Counter(name="gateway_shadow_confusion_total",
-                            labelnames=[*pair, "primary_label", "shadow_label"],
-                            documentation="Compared predictions by label on each side (multilabel: '<label>:on|off')"),
+        requests=m.Counter(
+            name="gateway_shadow_requests_total",
+            labelnames=[*pair, "outcome"],
+            documentation="Shadow requests: compared, dropped (queue full), failed, incompatible",
+        ),
+        predictions=m.Counter(
+            name="gateway_shadow_predictions_total",
+            labelnames=[*pair, "agree"],
+            documentation="Compared predictions, by whether both versions gave the same label(s)",
+        ),
+        diff=m.Histogram(
+            name="gateway_shadow_probability_diff",
+            labelnames=pair,
+            buckets=DIFF_BUCKETS,
+            documentation="Largest probability difference of each compared prediction",
+        ),
+        latency=m.Histogram(
+            name="gateway_shadow_call_seconds",
+            labelnames=[*pair, "side"],
+            buckets=LATENCY_BUCKETS,
+            documentation="FeatureRunner call of each side of a compared request",
+        ),
+        confusion=m.Counter(
+            name="gateway_shadow_confusion_total",
+            labelnames=[*pair, "primary_label", "shadow_label"],
+            documentation="Compared predictions by label on each side (multilabel: '<label>:on|off')",
+        ),
     )
 
 
 class ShadowPrometheus:
     """``services.shadow.ShadowObserver`` over the counters above."""
 
-    def compared(self, primary: str, shadow: str, comparison: Any, confusion: Any, primary_s: Any,
-                 shadow_s: float) -> None:
+    def compared(
+        self, primary: str, shadow: str, comparison: Any, confusion: Any, primary_s: Any, shadow_s: float
+    ) -> None:
         """Requests compared together (one shadow call): ``primary_s`` each one's primary latency."""
         m = shadow_metrics()
         labelled(m.requests, primary, shadow, "compared").inc(len(primary_s))
@@ -92,7 +123,8 @@ class ShadowPrometheus:
             shadow_side.observe(shadow_s)
         for cell in zip(*confusion.nonzero()):
             labelled(m.confusion, primary, shadow, *_confusion_labels(cell, comparison.multilabel)).inc(
-                int(confusion[cell]))
+                int(confusion[cell])
+            )
 
     def counted(self, primary: str, shadow: str, outcome: str, requests: int) -> None:
         labelled(shadow_metrics().requests, primary, shadow, outcome).inc(requests)

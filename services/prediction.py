@@ -110,9 +110,18 @@ class StaleAnswers:
                 probs[i] = c[0]
         precisions = {c[3] for c in cached if c is not None}
         precision = precisions.pop() if len(precisions) == 1 else PRECISION_MIXED if precisions else PRECISION_NONE
-        return Answer(model, list(node_ids), probs, multilabel=first[2] if first is not None else False,
-                      embedding=[c[1] if c is not None else None for c in cached], degraded=True,
-                      degraded_reason=reason, known=known, stale=True, precision=precision)
+        return Answer(
+            model,
+            list(node_ids),
+            probs,
+            multilabel=first[2] if first is not None else False,
+            embedding=[c[1] if c is not None else None for c in cached],
+            degraded=True,
+            degraded_reason=reason,
+            known=known,
+            stale=True,
+            precision=precision,
+        )
 
 
 @dataclasses.dataclass(eq=False)
@@ -125,8 +134,12 @@ class _Call:
     def group(self) -> tuple[str, tuple[int, ...] | None, bool, int]:
         # An explained request is a call of its own: its forward pass grows with every hop-1
         # neighbour, and the FeatureRunner bounds it per request (GSAGE_EXPLAIN_MAX_NODES).
-        return (self.tag, tuple(self.req.fanout) if self.req.fanout else None, self.req.embedding,
-                id(self) if self.req.explain else 0)
+        return (
+            self.tag,
+            tuple(self.req.fanout) if self.req.fanout else None,
+            self.req.embedding,
+            id(self) if self.req.explain else 0,
+        )
 
 
 class PredictionCore:
@@ -135,10 +148,20 @@ class PredictionCore:
     per request. Each request keeps its own seed (``seeds`` per node), so merging changes no
     answer."""
 
-    def __init__(self, router: Router, predict: PredictCall, feature_breaker: CircuitBreaker,
-                 model_breaker: CircuitBreaker, timeout_s: float, coalescing: CoalescingSection | None = None, *,
-                 stale: StaleAnswers | None = None, min_sequence_wait_s: float = 1.0,
-                 transport_dtype: TransportDtype = "float32", shadow: ShadowCanary | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        predict: PredictCall,
+        feature_breaker: CircuitBreaker,
+        model_breaker: CircuitBreaker,
+        timeout_s: float,
+        coalescing: CoalescingSection | None = None,
+        *,
+        stale: StaleAnswers | None = None,
+        min_sequence_wait_s: float = 1.0,
+        transport_dtype: TransportDtype = "float32",
+        shadow: ShadowCanary | None = None,
+    ) -> None:
         """``timeout_s``: the deadline of one FeatureRunner.predict call, its own model call
         included (which the FeatureRunner bounds by a shorter one, so it can say which failed)."""
         coalescing = coalescing or CoalescingSection()
@@ -152,8 +175,12 @@ class PredictionCore:
         self.shadow = shadow  # scores answered requests with the routing table's shadow version, off this path
         self.stale = stale or StaleAnswers()
         self.coalescer: AdaptiveBatcher[_Call, Answer | ApiError] = AdaptiveBatcher(
-            self._run_merged, max_batch_size=coalescing.coalesce_max_nodes, size_of=lambda c: len(c.req.node_ids),
-            max_concurrent=coalescing.coalesce_max_inflight, overlap_ratio=coalescing.coalesce_overlap_ratio)
+            self._run_merged,
+            max_batch_size=coalescing.coalesce_max_nodes,
+            size_of=lambda c: len(c.req.node_ids),
+            max_concurrent=coalescing.coalesce_max_inflight,
+            overlap_ratio=coalescing.coalesce_overlap_ratio,
+        )
 
     def route(self, req: PredictRequest) -> str:
         version = req.version
@@ -183,17 +210,29 @@ class PredictionCore:
     async def _run_group(self, calls: list[_Call]) -> list[Answer | ApiError]:
         first = calls[0]
         if not self.model_breaker.allow():  # no call at all: the model runner is known down
-            return self._model_unavailable(calls, ModelRunnerUnavailable("model runner unavailable: circuit open"),
-                                           self.model_breaker.retry_after_s())
-        batch = PredictBatch.of([n for c in calls for n in c.req.node_ids], [c.seed for c in calls for _ in c.req.node_ids],
-                                first.tag, fanout=first.req.fanout, embedding=first.req.embedding,
-                                dtype=self.transport_dtype, min_sequence=max(c.req.min_sequence or 0 for c in calls),
-                                explain=first.req.explain)
+            return self._model_unavailable(
+                calls,
+                ModelRunnerUnavailable("model runner unavailable: circuit open"),
+                self.model_breaker.retry_after_s(),
+            )
+        batch = PredictBatch.of(
+            [n for c in calls for n in c.req.node_ids],
+            [c.seed for c in calls for _ in c.req.node_ids],
+            first.tag,
+            fanout=first.req.fanout,
+            embedding=first.req.embedding,
+            dtype=self.transport_dtype,
+            min_sequence=max(c.req.min_sequence or 0 for c in calls),
+            explain=first.req.explain,
+        )
         started = time.perf_counter()
         try:
             packed = await self.feature_breaker.call(
-                self._predict, batch, answered=_feature_runner_answered,
-                timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls))
+                self._predict,
+                batch,
+                answered=_feature_runner_answered,
+                timeout_s=self.timeout_s + self.min_sequence_wait_s * any(c.req.min_sequence for c in calls),
+            )
         except ModelRunnerUnavailable as exc:  # the FeatureRunner's words, as it said them
             self.model_breaker.record_failure()
             return self._model_unavailable(calls, exc)
@@ -205,7 +244,7 @@ class PredictionCore:
             if len(calls) > 1:  # one caller's input must not fail the others
                 return await self._one_by_one(calls)
             return [exc]
-        except Exception as exc:  # noqa: BLE001 - anything else: the FeatureRunner is unavailable
+        except Exception as exc:
             self.model_breaker.release_probe()
             return [self._degraded(c.tag, c.req, exc) for c in calls]
         self.model_breaker.record_success()
@@ -219,13 +258,18 @@ class PredictionCore:
             out.append(answer)
             lo = hi
         if self.shadow is not None:  # only queued here: the shadow's call never delays these answers
-            self.shadow.offer(first.tag, [(c.req, c.seed, a) for c, a in zip(calls, out)], time.perf_counter() - started,
-                              meta.get("layout"))
+            self.shadow.offer(
+                first.tag,
+                [(c.req, c.seed, a) for c, a in zip(calls, out)],
+                time.perf_counter() - started,
+                meta.get("layout"),
+            )
         return out
 
     @staticmethod
-    def _model_unavailable(calls: list[_Call], exc: ApiError, retry_after_s: float | None = None
-                           ) -> list[Answer | ApiError]:
+    def _model_unavailable(
+        calls: list[_Call], exc: ApiError, retry_after_s: float | None = None
+    ) -> list[Answer | ApiError]:
         log.warning(exc.message)
         if retry_after_s is not None:
             exc.headers = retry_after(retry_after_s)
@@ -240,7 +284,7 @@ class PredictionCore:
 def _feature_runner_answered(exc: BaseException) -> bool:
     """The FeatureRunner answered (no failure of its own): a refusal of the input, an update not
     applied yet, or the model runner behind it down."""
-    return isinstance(exc, (ModelRunnerUnavailable, NotAppliedYet)) or isinstance(exc, ApiError) and exc.status < 500
+    return isinstance(exc, (ModelRunnerUnavailable, NotAppliedYet)) or (isinstance(exc, ApiError) and exc.status < 500)
 
 
 def _reason(exc: BaseException) -> str:

@@ -188,15 +188,24 @@ class RedisRateLimiter:
         # One failure opens it: while Redis is down, calls skip it instead of each paying
         # a timeout; after retry_backoff_s one probe call tries Redis again.
         self.breaker = CircuitBreaker(
-            "ratelimit-redis", failures=1, reset_s=retry_backoff_s,
-            probe_timeout_s=max(retry_backoff_s, timeout_s), clock=clock,
+            "ratelimit-redis",
+            failures=1,
+            reset_s=retry_backoff_s,
+            probe_timeout_s=max(retry_backoff_s, timeout_s),
+            clock=clock,
         )
         self.fallbacks = 0  # calls answered by the local limiter (error, timeout or circuit open)
         self.errors = 0  # calls where Redis failed or timed out
 
     @classmethod
     def from_url(
-        cls, url: str, rate_per_s: float, burst: float, *, timeout_s: float = 0.05, ca_file: str = "",
+        cls,
+        url: str,
+        rate_per_s: float,
+        burst: float,
+        *,
+        timeout_s: float = 0.05,
+        ca_file: str = "",
         **kwargs: Any,
     ) -> RedisRateLimiter:
         """A lazily connected client (``common.redis_client``): a Redis that is down at start-up
@@ -219,22 +228,22 @@ class RedisRateLimiter:
             return self.local.try_acquire(key, cost)
         try:
             allowed, retry, tokens = await asyncio.wait_for(
-                self._script(
-                    keys=[self.key_prefix + key], args=[self.rate_per_s, self.burst, cost]
-                ),
+                self._script(keys=[self.key_prefix + key], args=[self.rate_per_s, self.burst, cost]),
                 self.timeout_s,
             )
         except asyncio.CancelledError:
             self.breaker.release_probe()
             raise
-        except Exception as exc:  # noqa: BLE001 - any Redis trouble means: decide locally
+        except Exception as exc:
             self.breaker.record_failure()
             self.errors += 1
             self.fallbacks += 1
             if self.errors == 1 or self.errors % 1000 == 0:
                 log.warning(
                     "rate limiter: Redis failed (%s: %s); deciding per process (errors=%d)",
-                    type(exc).__name__, exc, self.errors,
+                    type(exc).__name__,
+                    exc,
+                    self.errors,
                 )
             return self.local.try_acquire(key, cost)
         self.breaker.record_success()
@@ -250,13 +259,15 @@ class RedisRateLimiter:
 RateLimiter = LocalRateLimiter | RedisRateLimiter
 
 
-def build_rate_limiter(access: AccessSection, redis: RedisSection, *, timeout_s: float = 0.05,
-                       retry_backoff_s: float = 1.0) -> RateLimiter:
+def build_rate_limiter(
+    access: AccessSection, redis: RedisSection, *, timeout_s: float = 0.05, retry_backoff_s: float = 1.0
+) -> RateLimiter:
     """From ``GSAGE_RATE_LIMIT_PER_S`` / ``GSAGE_RATE_LIMIT_BURST``; shared through Redis when
     ``GSAGE_REDIS_URL`` is set, per process otherwise or when unlimited. ``timeout_s`` and
     ``retry_backoff_s``: a Redis call's deadline and the pause after a failure (then per process)."""
     rate, burst = access.rate_limit_per_s, access.rate_limit_burst
     if rate <= 0 or not redis.redis_url:
         return LocalRateLimiter(rate, burst)
-    return RedisRateLimiter.from_url(redis.redis_url, rate, burst, timeout_s=timeout_s,
-                                     retry_backoff_s=retry_backoff_s, ca_file=redis.redis_ca_file)
+    return RedisRateLimiter.from_url(
+        redis.redis_url, rate, burst, timeout_s=timeout_s, retry_backoff_s=retry_backoff_s, ca_file=redis.redis_ca_file
+    )

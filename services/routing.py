@@ -206,8 +206,12 @@ class Shadow:
 def make_shadow(model: str, version: Any, share: Any) -> Shadow:
     """Validated; raises ``InvalidVersion`` or ``InvalidShadow``."""
     tag = normalise_version(model, version)
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) \
-            or not 0 <= share <= 1:
+    if (
+        isinstance(share, bool)
+        or not isinstance(share, (int, float))
+        or not math.isfinite(share)
+        or not 0 <= share <= 1
+    ):
         raise InvalidShadow(f"{tag}: the shadow share must be a number in [0, 1], got {share!r}")
     return Shadow(tag, float(share))
 
@@ -279,10 +283,7 @@ def parse_table(doc: Any, where: str = "routing table") -> TableState:
         if not isinstance(entry, dict):
             raise RoutingError(f"{where}: model {raw_name!r} must be an object")
         routes = _routes_from_json(name, entry.get("routes"), f"{where}: {name}")
-        history = tuple(
-            _routes_from_json(name, h, f"{where}: {name} history")
-            for h in entry.get("history") or ()
-        )
+        history = tuple(_routes_from_json(name, h, f"{where}: {name} history") for h in entry.get("history") or ())
         models[name] = ModelRoutes(routes, history[-HISTORY_MAX:], _shadow_from_json(name, entry.get("shadow"), where))
     default = doc.get("default_model") or next(iter(models))
     default = _model_name(default)
@@ -302,8 +303,7 @@ def _shadow_from_json(model: str, raw: Any, where: str) -> Shadow | None:
 def default_table(default_version: str = DEFAULT_VERSION) -> TableState:
     name, sep, _ = default_version.partition(":")
     if not sep:
-        raise InvalidVersion(f"default version must be a full tag 'name:version', "
-                             f"got {default_version!r}")
+        raise InvalidVersion(f"default version must be a full tag 'name:version', got {default_version!r}")
     model = _model_name(name)
     tag = normalise_version(model, default_version)
     return TableState(model, {model: ModelRoutes((Route(tag, 1.0),))})
@@ -335,8 +335,7 @@ class RoutingTable:
             if self._signature is not None:
                 self._state = self._read_file()  # invalid at start-up: fail loudly
             else:
-                log.info("routing file %s does not exist yet; routing all traffic to %s",
-                         self.path, default_version)
+                log.info("routing file %s does not exist yet; routing all traffic to %s", self.path, default_version)
 
     @classmethod
     def in_memory(cls, default_version: str = DEFAULT_VERSION, **kwargs: Any) -> RoutingTable:
@@ -345,8 +344,12 @@ class RoutingTable:
     @classmethod
     def from_settings(cls, routing: RoutingSection, model_tags: Sequence[str], **kwargs: Any) -> RoutingTable:
         """The table in ``GSAGE_ROUTING_FILE``; by default all traffic to the first of ``model_tags``."""
-        return cls(routing.routing_file or None, default_version=model_tags[0] if model_tags else DEFAULT_VERSION,
-                   poll_interval_s=routing.routing_poll_interval_s, **kwargs)
+        return cls(
+            routing.routing_file or None,
+            default_version=model_tags[0] if model_tags else DEFAULT_VERSION,
+            poll_interval_s=routing.routing_poll_interval_s,
+            **kwargs,
+        )
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -388,9 +391,7 @@ class RoutingTable:
             raise UnknownModel(f"unknown model {model!r}; known: {', '.join(sorted(state.models))}")
         return routes
 
-    def choose(
-        self, model: str | None, version: str | None = None, routing_key: str | None = None
-    ) -> str:
+    def choose(self, model: str | None, version: str | None = None, routing_key: str | None = None) -> str:
         """The ``name:version`` tag to serve this request (see the module doc for the rules)."""
         state = self._state  # one consistent snapshot even if a reload swaps it meanwhile
         name = model or state.default_model
@@ -407,7 +408,8 @@ class RoutingTable:
         must have loaded)."""
         models = self._state.models.values()
         return {v for m in models for v in m.in_use()} | {
-            m.shadow.version for m in models if m.shadow is not None and m.shadow.share > 0}
+            m.shadow.version for m in models if m.shadow is not None and m.shadow.share > 0
+        }
 
     # -- file ------------------------------------------------------------------------------------
 
@@ -452,7 +454,8 @@ class RoutingTable:
     @staticmethod
     def _describe(state: TableState) -> str:
         return "; ".join(
-            f"{name}: " + ", ".join(f"{r.version}={r.weight:.1%}" for r in m.routes)
+            f"{name}: "
+            + ", ".join(f"{r.version}={r.weight:.1%}" for r in m.routes)
             + (f" (shadow {m.shadow.version} at {m.shadow.share:.1%})" if m.shadow is not None else "")
             for name, m in sorted(state.models.items())
         )
@@ -477,9 +480,7 @@ class RoutingTable:
                 self._signature = file_signature(self.path)
         log.info("routing changed: %s", self._describe(self._state))
 
-    def _replace_routes(
-        self, model: str, make: Callable[[ModelRoutes | None], ModelRoutes]
-    ) -> None:
+    def _replace_routes(self, model: str, make: Callable[[ModelRoutes | None], ModelRoutes]) -> None:
         name = _model_name(model)
 
         def change(state: TableState) -> TableState:
@@ -588,12 +589,17 @@ def _shadow_report(table: RoutingTable, directory: str | None) -> dict[str, Any]
     from services.shadow import load_stats, merge_stats, pairs_report
 
     parts = load_stats(directory)
-    return {"shadows": {m: s.to_json() for m in table.models() if (s := table.shadow(m)) is not None},
-            "stats_dir": directory, "workers_reporting": len(parts), "pairs": pairs_report(merge_stats(parts))}
+    return {
+        "shadows": {m: s.to_json() for m in table.models() if (s := table.shadow(m)) is not None},
+        "stats_dir": directory,
+        "workers_reporting": len(parts),
+        "pairs": pairs_report(merge_stats(parts)),
+    }
 
 
-def _check_promotion(table: RoutingTable, model: str, version: str, args: argparse.Namespace,
-                     directory: str | None) -> None:
+def _check_promotion(
+    table: RoutingTable, model: str, version: str, args: argparse.Namespace, directory: str | None
+) -> None:
     """The ``--min-agreement`` / ``--min-compared`` bar, on every worker's figures in ``directory``."""
     from services.shadow import PromotionBar, load_stats, merge_stats, require_agreement
 
@@ -601,11 +607,15 @@ def _check_promotion(table: RoutingTable, model: str, version: str, args: argpar
         return
     name = _model_name(model)
     bar = PromotionBar(args.min_agreement or 0.0, args.min_compared or 0)
-    figures = require_agreement(merge_stats(load_stats(directory)), normalise_version(name, version), bar,
-                                primaries=table.routes_in_use(name))
+    figures = require_agreement(
+        merge_stats(load_stats(directory)), normalise_version(name, version), bar, primaries=table.routes_in_use(name)
+    )
     shown = "none" if figures.agreement is None else f"{figures.agreement:.4f}"
-    print(f"agreement {shown} over {figures.predictions} predictions compared: "
-          f"meets agreement >= {bar.min_agreement} over >= {bar.min_compared}", file=sys.stderr)
+    print(
+        f"agreement {shown} over {figures.predictions} predictions compared: "
+        f"meets agreement >= {bar.min_agreement} over >= {bar.min_compared}",
+        file=sys.stderr,
+    )
 
 
 def _share(text: str) -> float:
@@ -619,27 +629,35 @@ def _share(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m services.routing", description="Show or change model routing.")
-    parser.add_argument("--file", default=os.environ.get("GSAGE_ROUTING_FILE") or None,
-                        help="the routing file (default: $GSAGE_ROUTING_FILE)")
-    parser.add_argument("--default-version", default=DEFAULT_VERSION,
-                        help="the single route of a table that has no file yet")
+    parser = argparse.ArgumentParser(prog="python -m services.routing", description="Show or change model routing.")
+    parser.add_argument(
+        "--file",
+        default=os.environ.get("GSAGE_ROUTING_FILE") or None,
+        help="the routing file (default: $GSAGE_ROUTING_FILE)",
+    )
+    parser.add_argument(
+        "--default-version", default=DEFAULT_VERSION, help="the single route of a table that has no file yet"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("show", help="print the table as JSON")
     p = sub.add_parser("set-weights", help="e.g. graphsage graphsage:v1=90 graphsage:v2=10")
     p.add_argument("model")
     p.add_argument("weights", nargs="+", metavar="VERSION=WEIGHT")
-    parser.add_argument("--stats-dir", default=os.environ.get("GSAGE_SHADOW_STATS_DIR") or None,
-                        help="the gateway workers' shadow figures (default: $GSAGE_SHADOW_STATS_DIR, "
-                             "else <file>.shadow)")
+    parser.add_argument(
+        "--stats-dir",
+        default=os.environ.get("GSAGE_SHADOW_STATS_DIR") or None,
+        help="the gateway workers' shadow figures (default: $GSAGE_SHADOW_STATS_DIR, else <file>.shadow)",
+    )
     p = sub.add_parser("promote", help="all traffic to one version")
     p.add_argument("model")
     p.add_argument("version")
-    p.add_argument("--min-agreement", type=_share, default=None,
-                   help="refuse unless the version, as the shadow, agreed on at least this share (0..1)")
-    p.add_argument("--min-compared", type=int, default=None,
-                   help="... of at least this many compared predictions")
+    p.add_argument(
+        "--min-agreement",
+        type=_share,
+        default=None,
+        help="refuse unless the version, as the shadow, agreed on at least this share (0..1)",
+    )
+    p.add_argument("--min-compared", type=int, default=None, help="... of at least this many compared predictions")
     p = sub.add_parser("rollback", help="restore the routes before the last change")
     p.add_argument("model")
     p = sub.add_parser("set-shadow", help="a version that also scores a share of the model's requests")
@@ -652,8 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd not in ("show", "shadow") and not args.file:
-        print("error: --file (or GSAGE_ROUTING_FILE) is required to change routing",
-              file=sys.stderr)
+        print("error: --file (or GSAGE_ROUTING_FILE) is required to change routing", file=sys.stderr)
         return 2
     from services.shadow import PromotionRefused, stats_dir
 

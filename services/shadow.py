@@ -147,13 +147,20 @@ class LogHistogram:
         return float(self.edges[int(np.searchsorted(np.cumsum(self.counts), rank))])
 
     def summary(self) -> dict[str, float | None]:
-        return {"mean": self.total / self.n if self.n else None, "p99": self.quantile(P99),
-                "max": self.max if self.n else None}
+        return {
+            "mean": self.total / self.n if self.n else None,
+            "p99": self.quantile(P99),
+            "max": self.max if self.n else None,
+        }
 
     def to_json(self) -> dict[str, Any]:
         nonzero = np.flatnonzero(self.counts)
-        return {"n": self.n, "sum": self.total, "max": self.max,
-                "bins": {str(int(i)): int(self.counts[i]) for i in nonzero}}
+        return {
+            "n": self.n,
+            "sum": self.total,
+            "max": self.max,
+            "bins": {str(int(i)): int(self.counts[i]) for i in nonzero},
+        }
 
     @classmethod
     def from_json(cls, edges: np.ndarray, doc: Mapping[str, Any]) -> LogHistogram:
@@ -192,8 +199,9 @@ def compare(primary: np.ndarray, shadow: np.ndarray, multilabel: bool) -> Compar
     diff = np.abs(primary.astype(np.float64) - shadow.astype(np.float64)).max(1)
     if multilabel:
         p_on, s_on = primary >= MULTILABEL_THRESHOLD, shadow >= MULTILABEL_THRESHOLD
-        return Comparison((p_on == s_on).all(1), diff, p_on.astype(np.int64), s_on.astype(np.int64), True,
-                          primary.shape[1])
+        return Comparison(
+            (p_on == s_on).all(1), diff, p_on.astype(np.int64), s_on.astype(np.int64), True, primary.shape[1]
+        )
     p_label, s_label = primary.argmax(1), shadow.argmax(1)
     return Comparison(p_label == s_label, diff, p_label, s_label, False, primary.shape[1])
 
@@ -259,41 +267,84 @@ class PairStats:
     def report(self) -> dict[str, Any]:
         """The JSON figures of ``GET /admin/shadow``."""
         return {
-            "requests": self.requests, "predictions": self.predictions, "agreed": self.agreed,
-            "agreement": self.agreement, "probability_diff": self.diff.summary(),
+            "requests": self.requests,
+            "predictions": self.predictions,
+            "agreed": self.agreed,
+            "agreement": self.agreement,
+            "probability_diff": self.diff.summary(),
             "latency_s": {"primary": self.primary_latency.summary(), "shadow": self.shadow_latency.summary()},
-            "confusion": self._confusion_report(), "dropped": self.dropped, "failed": self.failed,
-            "incompatible": self.incompatible, "last_error": self.last_error,
+            "confusion": self._confusion_report(),
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "incompatible": self.incompatible,
+            "last_error": self.last_error,
         }
 
     def _confusion_report(self) -> dict[str, Any] | None:
         if self.confusion is None:
             return None
         if self.task == "multiclass":
-            return {"task": "multiclass", "rows": "primary label", "columns": "shadow label",
-                    "matrix": self.confusion.tolist()}
+            return {
+                "task": "multiclass",
+                "rows": "primary label",
+                "columns": "shadow label",
+                "matrix": self.confusion.tolist(),
+            }
         per_label = []
         for label, cells in enumerate(self.confusion.tolist()):
             (neither, shadow_only), (primary_only, both) = cells
             total = neither + shadow_only + primary_only + both
-            per_label.append({"label": label, "both": both, "primary_only": primary_only, "shadow_only": shadow_only,
-                              "neither": neither, "agreement": (both + neither) / total if total else None})
+            per_label.append(
+                {
+                    "label": label,
+                    "both": both,
+                    "primary_only": primary_only,
+                    "shadow_only": shadow_only,
+                    "neither": neither,
+                    "agreement": (both + neither) / total if total else None,
+                }
+            )
         return {"task": "multilabel", "per_label": per_label}
 
     def to_json(self) -> dict[str, Any]:
         """Everything, for a stats file (``from_json`` reads it back)."""
         return {
-            **{name: getattr(self, name) for name in ("requests", "predictions", "agreed", "dropped", "failed",
-                                                        "incompatible", "last_error", "task")},
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "requests",
+                    "predictions",
+                    "agreed",
+                    "dropped",
+                    "failed",
+                    "incompatible",
+                    "last_error",
+                    "task",
+                )
+            },
             "confusion": self.confusion.tolist() if self.confusion is not None else None,
-            "diff": self.diff.to_json(), "primary_latency": self.primary_latency.to_json(),
+            "diff": self.diff.to_json(),
+            "primary_latency": self.primary_latency.to_json(),
             "shadow_latency": self.shadow_latency.to_json(),
         }
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PairStats:
-        s = cls(**{name: doc[name] for name in ("requests", "predictions", "agreed", "dropped", "failed",
-                                                 "incompatible", "last_error", "task")})
+        s = cls(
+            **{
+                name: doc[name]
+                for name in (
+                    "requests",
+                    "predictions",
+                    "agreed",
+                    "dropped",
+                    "failed",
+                    "incompatible",
+                    "last_error",
+                    "task",
+                )
+            }
+        )
         if doc.get("confusion") is not None:
             s.confusion = np.asarray(doc["confusion"], dtype=np.int64)
         s.diff = LogHistogram.from_json(DIFF_EDGES, doc["diff"])
@@ -312,8 +363,10 @@ def merge_stats(parts: Iterable[Mapping[PairKey, PairStats]]) -> dict[PairKey, P
 
 
 def pairs_report(pairs: Mapping[PairKey, PairStats]) -> list[dict[str, Any]]:
-    return [{"model": primary.rpartition(":")[0], "primary": primary, "shadow": shadow, **stats.report()}
-            for (primary, shadow), stats in sorted(pairs.items())]
+    return [
+        {"model": primary.rpartition(":")[0], "primary": primary, "shadow": shadow, **stats.report()}
+        for (primary, shadow), stats in sorted(pairs.items())
+    ]
 
 
 # -- the stats files ----------------------------------------------------------------------------------
@@ -368,8 +421,9 @@ class PromotionBar:
     min_compared: int = 0
 
 
-def candidate_figures(pairs: Mapping[PairKey, PairStats], version: str,
-                      primaries: Iterable[str] | None = None) -> tuple[PairStats, list[str]]:
+def candidate_figures(
+    pairs: Mapping[PairKey, PairStats], version: str, primaries: Iterable[str] | None = None
+) -> tuple[PairStats, list[str]]:
     """``version``'s figures as a shadow of the other versions (only of ``primaries`` when given:
     the versions it would replace), added up; and those primaries."""
     allowed = set(primaries) if primaries is not None else None
@@ -381,8 +435,9 @@ def candidate_figures(pairs: Mapping[PairKey, PairStats], version: str,
     return total, against
 
 
-def require_agreement(pairs: Mapping[PairKey, PairStats], version: str, bar: PromotionBar,
-                      primaries: Iterable[str] | None = None) -> PairStats:
+def require_agreement(
+    pairs: Mapping[PairKey, PairStats], version: str, bar: PromotionBar, primaries: Iterable[str] | None = None
+) -> PairStats:
     """Raise ``PromotionRefused`` (naming the figures) unless ``version``, as a shadow, agreed
     with the primaries on at least ``bar.min_agreement`` of at least ``bar.min_compared``
     predictions; returns the figures."""
@@ -394,7 +449,8 @@ def require_agreement(pairs: Mapping[PairKey, PairStats], version: str, bar: Pro
     raise PromotionRefused(
         f"promote {version} refused: agreement {shown} over {figures.predictions} predictions compared "
         f"({figures.agreed} agreed) as the shadow of {', '.join(against) or 'no primary'}; "
-        f"the bar is agreement >= {bar.min_agreement} over >= {bar.min_compared} predictions")
+        f"the bar is agreement >= {bar.min_agreement} over >= {bar.min_compared} predictions"
+    )
 
 
 # -- the canary -------------------------------------------------------------------------------------------
@@ -418,19 +474,39 @@ class _Job:
 class ShadowObserver(Protocol):
     """Where the canary reports as it counts (Prometheus in the gateway)."""
 
-    def compared(self, primary: str, shadow: str, comparison: Comparison, confusion: np.ndarray,
-                 primary_s: np.ndarray, shadow_s: float) -> None: ...
+    def compared(
+        self,
+        primary: str,
+        shadow: str,
+        comparison: Comparison,
+        confusion: np.ndarray,
+        primary_s: np.ndarray,
+        shadow_s: float,
+    ) -> None: ...
 
     def counted(self, primary: str, shadow: str, outcome: str, requests: int) -> None: ...
 
 
 class ShadowCanary:
-    def __init__(self, route: Callable[[str], ShadowTarget | None], predict: PredictCall, *,
-                 queue_size: int = 1024, max_inflight: int = 1, max_nodes: int = 2048, batch_nodes: int = 1,
-                 linger_s: float = 0.0, timeout_s: float = 2.0, transport_dtype: TransportDtype = "float32",
-                 breaker: CircuitBreaker | None = None, stats_path: str | None = None,
-                 flush_interval_s: float = 1.0, observer: ShadowObserver | None = None,
-                 rng: random.Random | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        route: Callable[[str], ShadowTarget | None],
+        predict: PredictCall,
+        *,
+        queue_size: int = 1024,
+        max_inflight: int = 1,
+        max_nodes: int = 2048,
+        batch_nodes: int = 1,
+        linger_s: float = 0.0,
+        timeout_s: float = 2.0,
+        transport_dtype: TransportDtype = "float32",
+        breaker: CircuitBreaker | None = None,
+        stats_path: str | None = None,
+        flush_interval_s: float = 1.0,
+        observer: ShadowObserver | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """``route``: a primary tag -> its model's shadow (or None). ``predict``: the
         FeatureRunner call (never through the primary's breakers). ``stats_path``: this worker's
         stats file (``worker_stats_path``), None: figures in memory only. ``clock``: seconds, for
@@ -463,8 +539,13 @@ class ShadowCanary:
 
     # -- the core's hook: never waits, never raises --------------------------------------------------
 
-    def offer(self, tag: str, answered: Sequence[tuple[PredictRequest, int, Answer]], primary_s: float,
-              layout: str | None = None) -> None:
+    def offer(
+        self,
+        tag: str,
+        answered: Sequence[tuple[PredictRequest, int, Answer]],
+        primary_s: float,
+        layout: str | None = None,
+    ) -> None:
         """Queue the shadow of requests the primary ``tag`` answered in one call of
         ``primary_s`` seconds on the input ``layout`` (the model runner's answer says it):
         (request, the seed it was sampled with, its answer)."""
@@ -479,14 +560,26 @@ class ShadowCanary:
                 if len(self._waiting) >= self.queue_size:
                     self._count(tag, target.version, "dropped", 1)
                     continue
-                self._waiting.append(_Job(tag, target.version, list(req.node_ids), seed,
-                                          tuple(req.fanout) if req.fanout else None, req.min_sequence or 0,
-                                          answer.probs, answer.multilabel, primary_s, now, layout))
+                self._waiting.append(
+                    _Job(
+                        tag,
+                        target.version,
+                        list(req.node_ids),
+                        seed,
+                        tuple(req.fanout) if req.fanout else None,
+                        req.min_sequence or 0,
+                        answer.probs,
+                        answer.multilabel,
+                        primary_s,
+                        now,
+                        layout,
+                    )
+                )
                 self._waiting_nodes += len(req.node_ids)
             if self._waiting:
                 self._start_workers()
                 self._wake.set()
-        except Exception:  # noqa: BLE001 - the primary's answer is out already: a bug here must not touch it
+        except Exception:
             log.exception("shadow offer failed")
 
     # -- workers -------------------------------------------------------------------------------------
@@ -512,7 +605,7 @@ class ShadowCanary:
             self._busy += 1
             try:
                 await self._run(jobs)
-            except Exception:  # noqa: BLE001 - the worker must outlive a bug in one batch
+            except Exception:
                 log.exception("shadow batch failed")
             finally:
                 self._busy -= 1
@@ -550,16 +643,23 @@ class ShadowCanary:
         for (shadow, fanout, layout), group in groups.items():
             await self._run_group(shadow, fanout, layout, group)
 
-    async def _run_group(self, shadow: str, fanout: tuple[int, ...] | None, layout: str | None,
-                         group: list[_Job]) -> None:
+    async def _run_group(
+        self, shadow: str, fanout: tuple[int, ...] | None, layout: str | None, group: list[_Job]
+    ) -> None:
         started = self._clock()
-        batch = PredictBatch.of([n for j in group for n in j.node_ids], [j.seed for j in group for _ in j.node_ids],
-                                shadow, fanout=fanout, dtype=self.transport_dtype,
-                                min_sequence=max(j.min_sequence for j in group), layout=layout)
+        batch = PredictBatch.of(
+            [n for j in group for n in j.node_ids],
+            [j.seed for j in group for _ in j.node_ids],
+            shadow,
+            fanout=fanout,
+            dtype=self.transport_dtype,
+            min_sequence=max(j.min_sequence for j in group),
+            layout=layout,
+        )
         try:
             packed = await self.breaker.call(self._predict, batch, timeout_s=self.timeout_s)
             meta, arrays = packed.unpack()
-        except Exception as exc:  # noqa: BLE001 - any failure is the shadow's alone
+        except Exception as exc:
             # While its breaker is open, the failure that opened it stays the one reported.
             reason = None if isinstance(exc, BreakerOpen) else f"{failure_reason(exc)}: {exc}"[:300]
             for job in group:
@@ -585,16 +685,26 @@ class ShadowCanary:
         def kind(m: bool, width: int) -> str:
             return f"{width} {'multilabel' if m else 'multiclass'} outputs"
 
-        self._count(job.primary, job.shadow, "incompatible", 1, f"the shadow answers {kind(multilabel, probs.shape[-1])}"
-                    f", the primary {kind(job.multilabel, job.probs.shape[-1])}")
+        self._count(
+            job.primary,
+            job.shadow,
+            "incompatible",
+            1,
+            f"the shadow answers {kind(multilabel, probs.shape[-1])}"
+            f", the primary {kind(job.multilabel, job.probs.shape[-1])}",
+        )
         return False
 
-    def _record(self, primary: str, shadow: str, answered: list[tuple[_Job, np.ndarray]], multilabel: bool,
-                shadow_s: float) -> None:
+    def _record(
+        self, primary: str, shadow: str, answered: list[tuple[_Job, np.ndarray]], multilabel: bool, shadow_s: float
+    ) -> None:
         """One comparison over the rows of every request the call answered: the numpy work is
         per call, not per request."""
-        comparison = compare(np.concatenate([job.probs for job, _ in answered]),
-                             np.concatenate([rows for _, rows in answered]), multilabel)
+        comparison = compare(
+            np.concatenate([job.probs for job, _ in answered]),
+            np.concatenate([rows for _, rows in answered]),
+            multilabel,
+        )
         primary_s = np.array([job.primary_s for job, _ in answered])
         confusion = self._stats(primary, shadow).add(comparison, primary_s, shadow_s)
         self._dirty = True
@@ -626,10 +736,13 @@ class ShadowCanary:
     def report(self) -> dict[str, Any]:
         directory = os.path.dirname(self.stats_path) if self.stats_path else None
         others = load_stats(directory, exclude=self.stats_path)
-        return {"queue": {"size": self.queue_size, "waiting": len(self._waiting), "in_flight": self._busy},
-                "calls": self.calls,
-                "breaker": self.breaker.state.name.lower(), "workers_reporting": 1 + len(others),
-                "pairs": pairs_report(merge_stats([self.pairs, *others]))}
+        return {
+            "queue": {"size": self.queue_size, "waiting": len(self._waiting), "in_flight": self._busy},
+            "calls": self.calls,
+            "breaker": self.breaker.state.name.lower(),
+            "workers_reporting": 1 + len(others),
+            "pairs": pairs_report(merge_stats([self.pairs, *others])),
+        }
 
     def flush(self) -> None:
         """Write this worker's figures to its stats file (when it has one and they changed)."""

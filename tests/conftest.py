@@ -6,7 +6,7 @@ import dataclasses
 import os
 import shutil
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

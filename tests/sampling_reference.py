@@ -71,8 +71,11 @@ def sample_tree(indptr, indices, targets, fanouts: Sequence[int], seed) -> list[
     per_target = np.asarray(seed, dtype=np.int64) if isinstance(seed, np.ndarray) else None
     for hop, k in enumerate(fanouts):
         prev = layers[-1]
-        hop_seed = int(seed) if per_target is None else np.broadcast_to(
-            per_target.reshape((-1,) + (1,) * (prev.ndim - 1)), prev.shape).reshape(-1)
+        hop_seed = (
+            int(seed)
+            if per_target is None
+            else np.broadcast_to(per_target.reshape((-1,) + (1,) * (prev.ndim - 1)), prev.shape).reshape(-1)
+        )
         nxt = sample_neighbours(indptr, indices, prev.reshape(-1), int(k), hop_seed, hop)
         layers.append(nxt.reshape(prev.shape + (int(k),)))
     return layers

@@ -18,11 +18,16 @@ def expected(multilabel: bool, embedding: bool, precision: str = "fp32") -> Pred
     """What the per-node pydantic path built for the same arrays."""
     preds = []
     for node, row, emb in zip([7, 9], PROBS.tolist(), EMB.tolist()):
-        preds.append(NodePrediction(
-            node_id=node,
-            label=None if multilabel else int(np.argmax(row)),
-            labels=[j for j, x in enumerate(row) if x >= 0.5] if multilabel else None,
-            score=max(row), probabilities=row, embedding=emb if embedding else None))
+        preds.append(
+            NodePrediction(
+                node_id=node,
+                label=None if multilabel else int(np.argmax(row)),
+                labels=[j for j, x in enumerate(row) if x >= 0.5] if multilabel else None,
+                score=max(row),
+                probabilities=row,
+                embedding=emb if embedding else None,
+            )
+        )
     return PredictResponse(model="graphsage:v1", precision=precision, predictions=preds)
 
 
@@ -85,8 +90,15 @@ def test_degraded_answer_serves_stale_rows_and_nulls():
     assert known["node_id"] == 9 and known["stale"] is True and known["label"] == 0
     np.testing.assert_allclose(known["probabilities"], PROBS[1], atol=1e-7)
     np.testing.assert_allclose(known["embedding"], EMB[1], atol=1e-7)
-    assert unknown == {"node_id": 4, "label": None, "labels": None, "score": None, "probabilities": [],
-                       "embedding": None, "stale": False}
+    assert unknown == {
+        "node_id": 4,
+        "label": None,
+        "labels": None,
+        "score": None,
+        "probabilities": [],
+        "embedding": None,
+        "stale": False,
+    }
     # Nothing cached at all: every node unknown, still well-formed.
     empty = StaleAnswers().degraded("graphsage:v1", [1, 2], "x").to_response()
     assert [p.label for p in empty.predictions] == [None, None]
@@ -113,7 +125,7 @@ def test_stale_store_finds_every_node_of_the_last_half_capacity_rows():
         history.extend((n, step) for n in nodes)
         assert len(stale) <= stale.capacity
         latest = dict(history)  # each node's last put
-        for node in {n for n, _ in history[-stale.capacity // 2:]}:
+        for node in {n for n, _ in history[-stale.capacity // 2 :]}:
             got = stale.get("v", node)
             assert got is not None and got[0][0] == latest[node], (step, node)
 
@@ -129,8 +141,15 @@ def test_column_rendering_is_byte_identical_to_the_per_node_path():
             probs *= np.float32(1e-30)
         emb = (rng.normal(size=(n, 3)) * 10.0 ** int(rng.integers(-8, 8))).astype(np.float32) if trial % 2 else None
         stale = trial % 3 == 0
-        answer = Answer("graphsage:v1", rng.integers(0, 2**40, n).tolist(), probs, embedding=emb, stale=stale,
-                        degraded=stale, degraded_reason='a "quoted" reason' if stale else None)
+        answer = Answer(
+            "graphsage:v1",
+            rng.integers(0, 2**40, n).tolist(),
+            probs,
+            embedding=emb,
+            stale=stale,
+            degraded=stale,
+            degraded_reason='a "quoted" reason' if stale else None,
+        )
         assert answer._json_columns() == answer._json_per_node(), trial
     # The cases the column path does not take still render.
     multilabel = Answer("graphsage:v1", [1], PROBS[:1], multilabel=True)

@@ -113,8 +113,12 @@ def test_invalid_key_files_are_rejected(tmp_path):
     for doc in (
         {"keys": [{"name": "a", "sha256": "zz", "scopes": ["predict"]}]},
         {"keys": [{"name": "a", "sha256": "0" * 64, "scopes": ["root"]}]},
-        {"keys": [{"name": "a", "sha256": "0" * 64, "scopes": ["predict"]},
-                  {"name": "a", "sha256": "1" * 64, "scopes": ["predict"]}]},
+        {
+            "keys": [
+                {"name": "a", "sha256": "0" * 64, "scopes": ["predict"]},
+                {"name": "a", "sha256": "1" * 64, "scopes": ["predict"]},
+            ]
+        },
         {"nokeys": []},
     ):
         bad.write_text(json.dumps(doc))
@@ -161,8 +165,12 @@ def test_cli_create_prints_the_key_once_and_list_shows_no_secrets(tmp_path, capl
     path = str(tmp_path / "keys.json")
     env = {**os.environ, "PYTHONPATH": ROOT}
     run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "services.auth", *args], capture_output=True, text=True,
-        env=env, cwd=ROOT, timeout=30,
+        [sys.executable, "-m", "services.auth", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=30,
     )
     created = run("create", "--name", "ops", "--scopes", "predict,admin", "--file", path)
     assert created.returncode == 0, created.stderr

@@ -26,8 +26,15 @@ from runners.graphsage.model_artifacts import INT8_ONNX_FILE, INT8_ONNX_PREMEAN_
 from runners.graphsage.model_config import AGGREGATORS, ModelConfig
 from services.answer import from_wire
 from tests.graphs import small_graph
-from tests.test_inference import (TOL, as_premean, assert_close_same_argmax, feature_tensor, loaded_item, pyg_forward,
-                                  trained)
+from tests.test_inference import (
+    TOL,
+    as_premean,
+    assert_close_same_argmax,
+    feature_tensor,
+    loaded_item,
+    pyg_forward,
+    trained,
+)
 from training_export import quantize
 from training_export.export import export_all, export_and_verify, parity_targets, to_dense
 from training_export.train import TrainSpec, train_graphsage
@@ -36,7 +43,7 @@ pytest.importorskip("openvino")  # the dev extra installs it; the serving image 
 FP32_BACKENDS = ("onnx", "openvino", "torch")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def learned_mean() -> tuple:
     """A mean model that learned the labels, unlike ``trained``'s one-epoch model (whose classes
     score near chance): INT8 and FP32 agreeing on the top class means something only where the
@@ -50,8 +57,9 @@ def learned_mean() -> tuple:
 
 def save(aggregator: str, int8: bool = False, learned: bool = False, **int8_options) -> str:
     model, metrics = learned_mean() if learned else trained(aggregator)
-    tag, parity = export_and_verify(model, small_graph(), metrics, parity_count=32, int8=int8,
-                                    int8_options=int8_options or None)
+    tag, parity = export_and_verify(
+        model, small_graph(), metrics, parity_count=32, int8=int8, int8_options=int8_options or None
+    )
     assert parity["passed"], parity
     return tag
 
@@ -104,8 +112,13 @@ def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(mod
     for runtime, fig in meta["runtimes"].items():
         for prefix in ("", "premean_"):  # both graphs measured
             assert (fig[f"{prefix}points_lost"] <= quantize.GUARD_POINTS) == fig["passed"], (runtime, fig)
-            assert abs(100 * (fig[f"{prefix}fp32_val_score"] - fig[f"{prefix}int8_val_score"])
-                       - fig[f"{prefix}points_lost"]) < 1e-2
+            assert (
+                abs(
+                    100 * (fig[f"{prefix}fp32_val_score"] - fig[f"{prefix}int8_val_score"])
+                    - fig[f"{prefix}points_lost"]
+                )
+                < 1e-2
+            )
             assert fig[f"{prefix}max_prob_diff"] > 0  # really quantised
     assert meta["bytes"]["levels"]["int8"] < meta["bytes"]["levels"]["fp32"]
 
@@ -123,8 +136,9 @@ def test_int8_export_stores_the_graphs_and_the_guard_figures_and_serves_int8(mod
             (out,) = run_batch(registry, [loaded_item(registry, tag, tensor)])
             assert out["precision"] == precision and out["backend"].startswith(kind)
             # and the gateway's answer says it, from the reply's meta as GraphSAGERunner.infer packs it
-            meta, arrays = wire.unpack(wire.pack({"probs": out["probs"]},
-                                                 {k: out[k] for k in ("model", "backend", "precision", "task")}))
+            meta, arrays = wire.unpack(
+                wire.pack({"probs": out["probs"]}, {k: out[k] for k in ("model", "backend", "precision", "task")})
+            )
             assert from_wire(list(range(len(arrays["probs"]))), meta, arrays).to_dict()["precision"] == precision
             if kind in passed:
                 diff = np.abs(out["probs"] - want["probs"]).max()
@@ -154,7 +168,9 @@ def test_the_guard_refuses_int8_that_loses_accuracy(model_store, monkeypatch, ca
     g = small_graph()
     with tempfile.TemporaryDirectory() as tmp:
         export_all(to_dense(model), tmp)
-        with pytest.raises(quantize.QuantizationRefused, match=r"INT8 refused: accuracy on \d+ validation nodes") as info:
+        with pytest.raises(
+            quantize.QuantizationRefused, match=r"INT8 refused: accuracy on \d+ validation nodes"
+        ) as info:
             quantize.quantize_and_guard(g, model.cfg, tmp)
         assert not os.path.exists(os.path.join(tmp, INT8_ONNX_FILE))  # nothing left behind
     figures = info.value.figures
@@ -214,12 +230,16 @@ def test_the_load_check_refuses_a_backend_that_does_not_reproduce_pyg(model_stor
     assert load_backend(bad, "onnx", precision="int8").precision == "fp32"
     assert load_backend(bad, "openvino", precision="int8").precision == "int8"  # its own answers still match
     os.remove(os.path.join(copy, PROBE_FILE))  # exported before probes: loads unchecked
-    assert load_backend(bad, "onnx").load_check == {"checked": False,
-                                                     "reason": "no probe stored (exported before load checks)"}
+    assert load_backend(bad, "onnx").load_check == {
+        "checked": False,
+        "reason": "no probe stored (exported before load checks)",
+    }
 
 
-@pytest.mark.parametrize("kind,module,hint", [("openvino", "openvino", r"graphsage-serving\[openvino\]"),
-                                              ("torch", "torch", "GSAGE_BACKEND=onnx")])
+@pytest.mark.parametrize(
+    "kind,module,hint",
+    [("openvino", "openvino", r"graphsage-serving\[openvino\]"), ("torch", "torch", "GSAGE_BACKEND=onnx")],
+)
 def test_a_backend_whose_package_is_missing_is_refused_clearly(model_store, monkeypatch, kind, module, hint):
     tag = save("pool")
     monkeypatch.setitem(sys.modules, module, None)  # `import <module>` raises ImportError

@@ -65,7 +65,7 @@ def test_concurrent_submits_are_merged_into_fewer_handler_calls():
 
 def test_batches_grow_with_load_while_one_batch_is_in_flight():
     """Items arriving while a batch computes form the next batch (one batch in flight)."""
-    arrival = 2.0 ** -10  # ~1 ms between arrivals (binary fractions: no two deadlines coincide)
+    arrival = 2.0**-10  # ~1 ms between arrivals (binary fractions: no two deadlines coincide)
     compute = 20.25 * arrival  # a batch computes while ~20 more arrive
 
     async def main():
@@ -347,7 +347,8 @@ def test_a_full_batch_runs_beside_the_one_in_flight():
 def test_with_an_overlap_ratio_a_partial_batch_starts_once_it_matches_the_batch_in_flight():
     async def main():
         gate, handler, b, first = await _first_in_flight(  # 0 holds 2 units
-            max_batch_size=8, max_concurrent=2, overlap_ratio=1.0, size_of=lambda x: 2 if x == 0 else 1)
+            max_batch_size=8, max_concurrent=2, overlap_ratio=1.0, size_of=lambda x: 2 if x == 0 else 1
+        )
         one = asyncio.ensure_future(b.submit(1))
         await idle()
         assert handler.calls == [[0]]  # 1 unit < 1.0 x the 2 in flight

@@ -28,14 +28,20 @@ def test_pooled_windows_are_one_sample():
 def test_targets_prefer_interleaved_windows_and_the_whole_fetch_histogram():
     from bench.suite import report  # no matplotlib needed until it plots
     from bench.suite.scenarios import B1_C1, SINGLE_C1
+
     own_app = {"name": "single zipf c=1", "p99_ms": 20.0, "p50_ms": 5.0, "ok": 10}
     own_b1 = {"name": "B1 single c=1", "p99_ms": 10.0, "p50_ms": 4.0, "ok": 10}
     rows = {r["name"]: r for r in (own_app, own_b1)}
     assert report.paired_or_own(rows, SINGLE_C1, B1_C1)[:2] == (own_app, own_b1)
     windows = [{"p99_ms": 8.0, "req_per_s": 1.0}, {"p99_ms": 9.0, "req_per_s": 1.0}]
     pa = {"name": "single zipf c=1 (paired)", "group": "paired", "p99_ms": 9.0, "ok": 5, "windows": windows}
-    pb = {"name": "B1 single c=1 (paired)", "group": "paired", "p99_ms": 8.0, "ok": 5,
-          "windows": [{"p99_ms": 8.0, "req_per_s": 1.0}, {"p99_ms": 6.0, "req_per_s": 1.0}]}
+    pb = {
+        "name": "B1 single c=1 (paired)",
+        "group": "paired",
+        "p99_ms": 8.0,
+        "ok": 5,
+        "windows": [{"p99_ms": 8.0, "req_per_s": 1.0}, {"p99_ms": 6.0, "req_per_s": 1.0}],
+    }
     rows.update({pa["name"]: pa, pb["name"]: pb})
     app, base, own = report.paired_or_own(rows, SINGLE_C1, B1_C1)
     assert (app, base, own) == (pa, pb, own_app)
@@ -50,6 +56,7 @@ def test_targets_prefer_interleaved_windows_and_the_whole_fetch_histogram():
 
 def test_t3_takes_each_monoliths_fastest_variant_and_names_it():
     from bench.suite import report
+
     row = lambda nps: {"256": {"nodes_per_s": nps, "p50_ms": 1.0}}  # noqa: E731
     inproc = {"b4": row(20_000.0), "b4_threads_all": row(23_000.0), "b4_callers": row(33_000.0), "b3": row(1.0)}
     best = report._best(inproc, ("b4", "b4_threads_all", "b4_callers"))
@@ -103,6 +110,7 @@ def test_concurrent_callers_count_every_call_over_the_wall_time(monkeypatch):
         def fn(x):
             clock.call()
             calls.append((k, x))
+
         return fn
 
     out = inproc._concurrent(make, [1, 2, 3], budget_s=0.25, callers=2, nodes=256)
@@ -118,7 +126,7 @@ def test_idle_gap_precedes_each_timed_call_and_is_not_timed(monkeypatch):
     from harness import workload
 
     now = [0.0]  # a fake clock: the sleep and the call are what move it
-    idle, call = 2.0 ** -6, 2.0 ** -10
+    idle, call = 2.0**-6, 2.0**-10
 
     def sleep(s: float) -> None:
         now[0] += s
@@ -163,12 +171,15 @@ def test_suite_refuses_to_start_without_the_plot_library(monkeypatch, tmp_path):
 
 def test_an_absolute_miss_names_a_baseline_that_missed_the_bound_too():
     from bench.suite import report
+
     assert report.floor_note("B1", 19.6, 21.0, 10.0) == "; B1 read P99 19.60 ms itself, over the 10 ms bound"
     assert report.floor_note("B1", 8.0, 21.0, 10.0) == ""  # the baseline met it: the miss is the app's
     assert report.floor_note("B1", 19.6, 9.0, 10.0) == ""  # the app met it
     assert report.floor_note("B1", float("nan"), 21.0, 10.0) == ""  # not measured
-    assert np.isnan(report.mget_idle_p99({})) and report.mget_idle_p99(
-        {"baselines": {"redis_mget": {"idle": {"calls": 5, "p99_ms": 3.15}}}}) == 3.15
+    assert (
+        np.isnan(report.mget_idle_p99({}))
+        and report.mget_idle_p99({"baselines": {"redis_mget": {"idle": {"calls": 5, "p99_ms": 3.15}}}}) == 3.15
+    )
 
 
 def test_closed_loop_warm_up_opens_every_connection_before_timing():
@@ -202,8 +213,9 @@ def test_closed_loop_warm_up_opens_every_connection_before_timing():
         port = site._server.sockets[0].getsockname()[1]
         try:
             # bounded by the count (40 timed requests), not by the clock
-            return await loadgen.closed_loop(f"http://127.0.0.1:{port}/predict", [b"{}"], 8, 3600.0,
-                                             max_requests=40, warmup_requests=8)
+            return await loadgen.closed_loop(
+                f"http://127.0.0.1:{port}/predict", [b"{}"], 8, 3600.0, max_requests=40, warmup_requests=8
+            )
         finally:
             await runner.cleanup()
 
@@ -219,21 +231,40 @@ def _results() -> dict:
     from bench.suite import scenarios as sc
 
     def row(s, **kw):
-        return {"name": s.name, "topology": s.topology, **s.tags(), "ok": 100, "error_count": 0, "degraded": 0,
-                "p50_ms": 2.0, "p99_ms": 5.0, "mean_ms": 2.5, "req_per_s": 500.0, "nodes_per_s": 500.0 * s.nodes,
-                "cpu_util": {"gateway": 0.5}, **kw}
+        return {
+            "name": s.name,
+            "topology": s.topology,
+            **s.tags(),
+            "ok": 100,
+            "error_count": 0,
+            "degraded": 0,
+            "p50_ms": 2.0,
+            "p99_ms": 5.0,
+            "mean_ms": 2.5,
+            "req_per_s": 500.0,
+            "nodes_per_s": 500.0 * s.nodes,
+            "cpu_util": {"gateway": 0.5},
+            **kw,
+        }
 
-    warm = {"stages": {"feature_fetch": {"p99_s": 0.0008}, "feature_l1": {"p99_s": 0.0002, "count": 10}},
-            "hit_ratio": {"l1": 0.6, "l2": 0.399, "combined": 0.999}}
+    warm = {
+        "stages": {"feature_fetch": {"p99_s": 0.0008}, "feature_l1": {"p99_s": 0.0002, "count": 10}},
+        "hit_ratio": {"l1": 0.6, "l2": 0.399, "combined": 0.999},
+    }
     scenarios = [
-        row(sc.SINGLE_C1, p99_ms=6.0, **warm), row(sc.B1_C1, p99_ms=5.0),  # T1: 1.2x B1, 6 ms
-        row(sc.SINGLE_C32, req_per_s=1000.0, p99_ms=30.0), row(sc.B2_C32, req_per_s=800.0),  # T2: 1.25x B2
-        row(sc.BULK_256), row(sc.BULK_256_C16, nodes_per_s=60_000.0),  # T3: 0.6x B3, 1.2x B4
+        row(sc.SINGLE_C1, p99_ms=6.0, **warm),
+        row(sc.B1_C1, p99_ms=5.0),  # T1: 1.2x B1, 6 ms
+        row(sc.SINGLE_C32, req_per_s=1000.0, p99_ms=30.0),
+        row(sc.B2_C32, req_per_s=800.0),  # T2: 1.25x B2
+        row(sc.BULK_256),
+        row(sc.BULK_256_C16, nodes_per_s=60_000.0),  # T3: 0.6x B3, 1.2x B4
         row(sc.END_OF_PHASE, **warm),  # T4: retrieval P99 0.8 ms, hit 99.9%
         row(sc.ONE_M_C1),  # T5
     ]
-    inproc = {v: {"256": {"nodes_per_s": nps, "p50_ms": 4.0}} for v, nps in (("b3", 90_000.0), ("b3_callers", 100_000.0),
-                                                                            ("b4", 40_000.0), ("b4_callers", 50_000.0))}
+    inproc = {
+        v: {"256": {"nodes_per_s": nps, "p50_ms": 4.0}}
+        for v, nps in (("b3", 90_000.0), ("b3_callers", 100_000.0), ("b4", 40_000.0), ("b4_callers", 50_000.0))
+    }
     return {"scenarios": scenarios, "baselines": {"inproc": inproc}, "skipped": []}
 
 
@@ -246,7 +277,8 @@ def test_verdicts_come_from_the_targets_data(monkeypatch):
 
     res = _results()
     assert [(t["id"], t["pass"], t["miss_by"]) for t in report.targets(res)] == [
-        (t.id, True, None) for t in targets.TARGETS]
+        (t.id, True, None) for t in targets.TARGETS
+    ]
     t1 = {t["id"]: t for t in report.targets(res)}["T1"]
     assert t1["what"] == "single node, c=1: e2e P99 <= 1.3x B1 P99 and <= 10 ms" and t1["ratio"].startswith("1.20x B1")
 
@@ -257,8 +289,9 @@ def test_verdicts_come_from_the_targets_data(monkeypatch):
     assert t1["miss_by"] == "ratio 1.20x vs 1.1x (9% over)"
 
     hit = targets.T4.checks[1]
-    monkeypatch.setattr(report, "TARGETS", (replace(targets.T4, checks=(targets.T4.checks[0], replace(hit, bound=99.95))),
-                                            targets.T2))
+    monkeypatch.setattr(
+        report, "TARGETS", (replace(targets.T4, checks=(targets.T4.checks[0], replace(hit, bound=99.95))), targets.T2)
+    )
     verdicts = {t["id"]: (t["pass"], t["miss_by"]) for t in report.targets(res)}  # what report.write renders
     assert verdicts == {"T4": (False, "hit ratio 99.90% vs 99.95% (0% short)"), "T2": (True, None)}
 
@@ -300,8 +333,11 @@ def test_the_runner_records_the_scenarios_of_the_data(monkeypatch, tmp_path):
     monkeypatch.setattr(runner.procs, "real_app", lambda name, *a, **k: Topo(name))
     monkeypatch.setattr(runner.procs, "trivial_app", lambda *a: Topo("B1"))
     monkeypatch.setattr(runner.procs, "trivial_single", lambda *a: Topo("B2"))
-    monkeypatch.setattr(runner, "redis_mget_baseline", lambda *a: {"keys_per_call": 1, "p50_ms": 1, "p99_ms": 1,
-                                                                   "idle": {"idle_ms": 1, "p50_ms": 1, "p99_ms": 1}})
+    monkeypatch.setattr(
+        runner,
+        "redis_mget_baseline",
+        lambda *a: {"keys_per_call": 1, "p50_ms": 1, "p99_ms": 1, "idle": {"idle_ms": 1, "p50_ms": 1, "p99_ms": 1}},
+    )
     monkeypatch.setattr(runner, "redis_memory", lambda *a: {"rss_mib": 0.0})
     monkeypatch.setattr(runner.Suite, "start", lambda self, *t: None)
     monkeypatch.setattr(runner.Suite, "stop", lambda self, *t: None)
@@ -311,18 +347,27 @@ def test_the_runner_records_the_scenarios_of_the_data(monkeypatch, tmp_path):
         return {"req_per_s": 100.0}
 
     monkeypatch.setattr(runner.Suite, "load", load)
-    monkeypatch.setattr(runner.Suite, "paired", lambda self, sides, **kw: pairs.append(
-        ({k: v.name for k, v in sides.items()}, kw["concurrency"], kw["seed"])))
-    suite = runner.Suite(argparse.Namespace(quick=True, scale=1.0, out=str(tmp_path), code="worktree",
-                                            no_profile=True))
+    monkeypatch.setattr(
+        runner.Suite,
+        "paired",
+        lambda self, sides, **kw: pairs.append(({k: v.name for k, v in sides.items()}, kw["concurrency"], kw["seed"])),
+    )
+    suite = runner.Suite(argparse.Namespace(quick=True, scale=1.0, out=str(tmp_path), code="worktree", no_profile=True))
     suite.phase_100k(types.SimpleNamespace(url="redis://127.0.0.1:1"), 100_000)
 
     recorded = [(name, topo, tags) for name, topo, tags, record, _ in loads if record]
     expected = [s for s in (*sc.COLD, *sc.WARM, sc.OPEN_50, *sc.TRIVIAL, *sc.NOREDIS, sc.END_OF_PHASE, *sc.BULK)]
     assert recorded == [(s.name, s.topology, s.tags()) for s in expected]
     assert all(name in sc.BY_NAME for name, _, _ in recorded)
-    assert pairs == [({t.app[0].name: t.app[0].topology, t.pairing.against.name: t.pairing.against.topology},
-                      t.app[0].concurrency, t.pairing.seed) for t in targets.TARGETS if t.pairing]
+    assert pairs == [
+        (
+            {t.app[0].name: t.app[0].topology, t.pairing.against.name: t.pairing.against.topology},
+            t.app[0].concurrency,
+            t.pairing.seed,
+        )
+        for t in targets.TARGETS
+        if t.pairing
+    ]
     single_c32 = next(kw for name, _, _, _, kw in loads if name == sc.SINGLE_C32.name)
     assert single_c32["concurrency"] == 32 and single_c32["duration"] == suite.b.single
 

@@ -19,7 +19,9 @@ CODE_DIRS = ("common", "services", "runners", "training_export", "bentos", "harn
 
 def test_the_installed_bentoml_is_a_tested_one_and_another_is_refused_clearly():
     assert check_version() in TESTED_VERSIONS
-    with pytest.raises(UntestedBentoML, match=r"BentoML 1\.5\.0 is installed, but common/bento/ was tested with 1\.4\.40"):
+    with pytest.raises(
+        UntestedBentoML, match=r"BentoML 1\.5\.0 is installed, but common/bento/ was tested with 1\.4\.40"
+    ):
         check_version("1.5.0")
 
 
@@ -28,7 +30,11 @@ def test_no_module_outside_the_adapter_imports_bentoml_internals():
     for top in CODE_DIRS:
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT)
-            if rel.parts[0] == "common" and rel.parts[1] == "bento" or "grpc_gen" in rel.parts or path == Path(__file__):
+            if (
+                (rel.parts[0] == "common" and rel.parts[1] == "bento")
+                or "grpc_gen" in rel.parts
+                or path == Path(__file__)
+            ):
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 code = line.split("#", 1)[0]

@@ -2,12 +2,11 @@
 an overload is a 503 with Retry-After; both refusals in the one error shape."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import json
 
 import pytest
 
@@ -81,13 +80,23 @@ def test_a_request_over_the_concurrency_limit_gets_503_with_retry_after():
     assert json.loads(body["body"])["type"] == "overloaded"
 
 
-@pytest.mark.parametrize("module", ["services.gateway", "runners.feature.service", "runners.graphsage.service",
-                                    "bench.suite.trivial_services"])
+@pytest.mark.parametrize(
+    "module",
+    ["services.gateway", "runners.feature.service", "runners.graphsage.service", "bench.suite.trivial_services"],
+)
 def test_every_service_module_installs_the_patches(module):
     """Importing a service module (what a BentoML worker does first) patches the middleware."""
-    code = (f"import {module}; from common.bento.traffic import middleware_classes; "
-            "print(*(c.__call__.__module__ for c in middleware_classes()))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "BENTOML_DO_NOT_TRACK": "true"})
+    code = (
+        f"import {module}; from common.bento.traffic import middleware_classes; "
+        "print(*(c.__call__.__module__ for c in middleware_classes()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "BENTOML_DO_NOT_TRACK": "true"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "common.bento.traffic common.bento.traffic"

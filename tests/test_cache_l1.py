@@ -6,16 +6,22 @@ import asyncio
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pytest
-
-from tests.graphs import feature_store
-from runners.feature.cache import OriginLevel, TieredFeatureStore
-from runners.feature.cache.l1 import (ENTRY_OVERHEAD_BYTES, EVICT_FRACTION, FREQ_WINDOW_PER_SLOT, MAP_BYTES_PER_ID,
-                              USES_BYTES_PER_ID, USES_MAX, L1Cache)
 from common.settings import Settings
+from runners.feature.cache import OriginLevel, TieredFeatureStore
+from runners.feature.cache.l1 import (
+    ENTRY_OVERHEAD_BYTES,
+    EVICT_FRACTION,
+    FREQ_WINDOW_PER_SLOT,
+    MAP_BYTES_PER_ID,
+    USES_BYTES_PER_ID,
+    USES_MAX,
+    L1Cache,
+)
+from tests.graphs import feature_store
 
 DIM = 4
 ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES
@@ -281,8 +287,9 @@ class ReferenceAdmissionLRU(ReferenceLRU):
 
 def op_lists(kinds: list[str], max_id: int, max_ids: int, max_ops: int):
     """Sequences of (get | put | tick, unique ids, seconds to advance)."""
-    op = st.tuples(st.sampled_from(kinds), st.lists(st.integers(0, max_id), unique=True, max_size=max_ids),
-                   st.floats(0, 3))
+    op = st.tuples(
+        st.sampled_from(kinds), st.lists(st.integers(0, max_id), unique=True, max_size=max_ids), st.floats(0, 3)
+    )
     return st.lists(op, max_size=max_ops)
 
 
@@ -307,16 +314,22 @@ def test_chunked_eviction_matches_reference(capacity, ops):
 
 
 @settings(max_examples=150, deadline=None)
-@given(capacity=st.integers(0, 9), admit=st.integers(1, 3),
-       ops=op_lists(["get", "get", "put", "tick"], max_id=30, max_ids=12, max_ops=60))
+@given(
+    capacity=st.integers(0, 9),
+    admit=st.integers(1, 3),
+    ops=op_lists(["get", "get", "put", "tick"], max_id=30, max_ids=12, max_ops=60),
+)
 def test_admission_matches_reference(capacity, admit, ops):
     cache = make(capacity, ttl=4.0, clock=FakeClock(), admit_min_uses=admit)
     run_against_reference(cache, ops, chunk=1, ref=ReferenceAdmissionLRU(cache.capacity, 4.0, 1, admit))
 
 
 @settings(max_examples=60, deadline=None)
-@given(capacity=st.integers(64, 200), admit=st.integers(1, 3),
-       ops=op_lists(["get", "get", "put", "put", "tick"], max_id=400, max_ids=60, max_ops=40))
+@given(
+    capacity=st.integers(64, 200),
+    admit=st.integers(1, 3),
+    ops=op_lists(["get", "get", "put", "put", "tick"], max_id=400, max_ids=60, max_ops=40),
+)
 def test_chunked_admission_matches_reference(capacity, admit, ops):
     cache = make(capacity, ttl=4.0, clock=FakeClock(), admit_min_uses=admit)
     chunk = cache._evict_chunk
@@ -384,5 +397,6 @@ def test_feature_store_l1_uses_the_configured_admission():
     feats = np.zeros((100, DIM), np.float32)
     store = feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=2), feats, "graph-snapshot:t")
     assert store.l1.admit_min_uses == 2
-    assert feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=0), feats, "graph-snapshot:t") \
-        .l1.admit_min_uses == 0
+    assert (
+        feature_store(Settings(l1_bytes=1 << 20, l1_admit_min_uses=0), feats, "graph-snapshot:t").l1.admit_min_uses == 0
+    )

@@ -13,15 +13,15 @@ import time
 import numpy as np
 import pytest
 
-from tests.graphs import feature_store
+from common.settings import Settings
+from harness.redis_servers import RedisServer, free_port
 from runners.feature.cache import (
     L1Cache,
     OriginLevel,
     RedisFeatureLevel,
     TieredFeatureStore,
 )
-from common.settings import Settings
-from harness.redis_servers import RedisServer, free_port
+from tests.graphs import feature_store
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +32,7 @@ def make_features(seed: int, n: int = N, dim: int = DIM) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
 
 
-def make_store(url: str, version: str, feats: np.ndarray, *, l1_bytes: int = 0,
-               **l2_kwargs) -> TieredFeatureStore:
+def make_store(url: str, version: str, feats: np.ndarray, *, l1_bytes: int = 0, **l2_kwargs) -> TieredFeatureStore:
     # A fresh Cluster client's first read includes topology discovery, inside the read deadline:
     # 0.5 s was once too little on a loaded 2-core CI run. Fault tests pass their own short ones.
     kw = dict(ttl_s=60.0, timeout_s=5.0, retry_backoff_s=0.1, max_backoff_s=0.4)
@@ -114,8 +113,7 @@ def test_a_scan_reads_the_origin_only_and_fills_nothing(redis_standalone):
 @pytest.mark.parametrize("use_scripts", [True, False])
 def test_values_round_trip_bit_exact(redis_url, use_scripts):
     feats = make_features(3)
-    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3.4028235e38, 1 / 3],
-                        dtype=np.float32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3.4028235e38, 1 / 3], dtype=np.float32)
     feats[:8, :8] = np.resize(specials, (8, 8))
     ids = np.arange(40)
 
@@ -220,7 +218,7 @@ def test_background_writes_are_coalesced(redis_standalone):
         store = make_store(redis_standalone.url, "coalesce", feats, write_delay_s=0.05, write_batch_rows=25)
         evals = calls(redis_standalone, "eval")
         for start in range(0, 20, 5):  # 4 requests' misses, 5 rows each: held, under 25 rows
-            store.l2.put_background(np.arange(start, start + 5), feats[start:start + 5])
+            store.l2.put_background(np.arange(start, start + 5), feats[start : start + 5])
         assert store.l2.stats()["pending_write_rows"] == 20 and store.l2.stats()["inflight_writes"] == 0
         await asyncio.sleep(0.15)  # the delay passes: one write of all 20 rows
         await store.flush()
@@ -259,8 +257,9 @@ def test_build_feature_store_from_settings(redis_standalone, redis_cluster):
     feats = make_features(11)
     plain = feature_store(Settings(), feats, "v1")
     assert plain.l2 is None and plain.l1.max_bytes == Settings().l1_bytes
-    standalone = feature_store(Settings(redis_url=redis_standalone.url, l2_timeout_s=0.05,
-                                              l2_timeout_per_key_us=5.0), feats, "v1")
+    standalone = feature_store(
+        Settings(redis_url=redis_standalone.url, l2_timeout_s=0.05, l2_timeout_per_key_us=5.0), feats, "v1"
+    )
     assert standalone.l2 is not None and not standalone.l2.cluster
     # The read deadline scales with the keys read: 50 ms + 5 us per key.
     assert standalone.l2.read_deadline_s(1) == pytest.approx(0.050005)
@@ -367,8 +366,7 @@ def test_cluster_script_refused_falls_back_to_plain_commands(redis_cluster, monk
         await store.flush()
         l2 = store.l2
         one_node = l2._by_master(l2._keys(ids[:1]))[0][0]
-        monkeypatch.setattr(l2, "_by_master",
-                            lambda keys: [(one_node, list(range(len(keys))))])
+        monkeypatch.setattr(l2, "_by_master", lambda keys: [(one_node, list(range(len(keys))))])
         rows, stats = await store.fetch_with_stats(ids)
         assert stats.l2_hits == ids.size and l2.fallbacks == 1 and l2.errors == 0
         np.testing.assert_array_equal(rows, feats[ids])
@@ -479,8 +477,7 @@ def test_stalled_redis_times_out_fast(redis_standalone):
     ids = np.arange(30)
 
     async def main():
-        store = make_store(redis_standalone.url, "stall", feats, timeout_s=0.1,
-                           write_timeout_s=0.1)
+        store = make_store(redis_standalone.url, "stall", feats, timeout_s=0.1, write_timeout_s=0.1)
         await store.fetch(ids)
         await store.flush()
         redis_standalone.pause()
@@ -495,8 +492,7 @@ def test_stalled_redis_times_out_fast(redis_standalone):
         finally:
             redis_standalone.resume()
         await asyncio.sleep(0.15)  # past the first backoff
-        _, stats = await TieredFeatureStore(L1Cache(0, 1, DIM), store.l2, store.origin) \
-            .fetch_with_stats(ids)
+        _, stats = await TieredFeatureStore(L1Cache(0, 1, DIM), store.l2, store.origin).fetch_with_stats(ids)
         assert stats.l2_hits == ids.size
         await store.close()
 

@@ -16,8 +16,8 @@ import pytest
 from common import wire
 from common.feature_runner_api import PredictBatch, encode_predict
 from common.feature_tensor import LAYOUT, PREMEAN, decode
-from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from harness.app import SplitApp, answers_under_load, free_port
+from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from tests.conftest import bentoml_home, private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,17 +29,27 @@ def env(tmp_path_factory, demo_store):
     # Its own store: the fuzzer reaches /admin/graph/compact, which saves a snapshot.
     home, v1, v2 = private_store(demo_store, root), demo_store.v1, demo_store.v2
     keys = {"predict": generate_key(), "admin": generate_key(), "noscope": generate_key()}
-    write_entries(str(root / "keys.json"), [
-        KeyEntry("client", hash_key(keys["predict"]), frozenset({"predict"})),
-        KeyEntry("ops", hash_key(keys["admin"]), frozenset({"predict", "admin"})),
-        KeyEntry("admin-only", hash_key(keys["noscope"]), frozenset({"admin"})),
-    ])
-    (root / "routes.json").write_text(json.dumps(
-        {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}))
+    write_entries(
+        str(root / "keys.json"),
+        [
+            KeyEntry("client", hash_key(keys["predict"]), frozenset({"predict"})),
+            KeyEntry("ops", hash_key(keys["admin"]), frozenset({"predict", "admin"})),
+            KeyEntry("admin-only", hash_key(keys["noscope"]), frozenset({"admin"})),
+        ],
+    )
+    (root / "routes.json").write_text(
+        json.dumps(
+            {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}
+        )
+    )
     settings_env = {
-        "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(root / "keys.json"),
-        "GSAGE_ROUTING_FILE": str(root / "routes.json"), "GSAGE_MODEL_TAGS": v1,
-        "GSAGE_RUNNER_TIMEOUT_S": "2", "GSAGE_BREAKER_RESET_S": "1", "GSAGE_BREAKER_FAILURES": "3",
+        "GSAGE_AUTH_ENABLED": "1",
+        "GSAGE_API_KEYS_FILE": str(root / "keys.json"),
+        "GSAGE_ROUTING_FILE": str(root / "routes.json"),
+        "GSAGE_MODEL_TAGS": v1,
+        "GSAGE_RUNNER_TIMEOUT_S": "2",
+        "GSAGE_BREAKER_RESET_S": "1",
+        "GSAGE_BREAKER_FAILURES": "3",
         "GSAGE_GRPC_PORT": str(free_port()),
     }
     return {"home": home, "v1": v1, "v2": v2, "keys": keys, "settings": settings_env, "root": root}
@@ -69,10 +79,10 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int, premean_layo
     import onnxruntime as ort
 
     from common.settings import Settings
-    from runners.feature.tree_layout import compact, premean
-    from runners.graphsage.model_artifacts import load_artifacts
     from runners.feature.sampling import sample_tree
     from runners.feature.snapshot import load_snapshot
+    from runners.feature.tree_layout import compact, premean
+    from runners.graphsage.model_artifacts import load_artifacts
 
     with bentoml_home(env["home"]):
         snap, art = load_snapshot(), load_artifacts(tag)
@@ -90,8 +100,12 @@ def in_process_probs(env, tag: str, node_ids: list[int], seed: int, premean_layo
         assert os.path.exists(art.onnx_premean_path) and Settings().premean
         rows, index, last_rows, last_mean = premean(rows, index, seed)
         sess = ort.InferenceSession(art.onnx_premean_path, providers=["CPUExecutionProvider"])
-        feed = {"features": narrow(rows), **{f"idx{d}": i for d, i in enumerate(index)}, "last_rows": last_rows,
-                "last_mean": narrow(last_mean)}
+        feed = {
+            "features": narrow(rows),
+            **{f"idx{d}": i for d, i in enumerate(index)},
+            "last_rows": last_rows,
+            "last_mean": narrow(last_mean),
+        }
         return sess.run(["probs"], feed)[0]
 
 
@@ -139,14 +153,26 @@ def test_auth_and_scopes(app, env):
 
 
 BAD_BODIES = [
-    ({}, None), ({"node_ids": []}, None), ({"node_ids": ["a"]}, None), ({"node_ids": [1.5]}, None),
-    ({"node_ids": [-1]}, None), ({"node_ids": [10**20]}, None), ({"node_ids": [True]}, None),
-    ({"node_ids": [10**9]}, None), ({"node_ids": [1], "fanout": [100, 100]}, None),
-    ({"node_ids": [1], "fanout": [1]}, None), ({"node_ids": [1], "fanout": [0, 1]}, None),
-    ({"node_ids": [1], "version": "bad tag!!"}, None), ({"node_ids": [1], "model": "nope"}, 404),
-    ({"node_ids": [1], "version": "doesnotexist"}, 404), ({"node_ids": [1], "seed": -1}, None),
-    ({"node_ids": [1], "seed": "x"}, None), ({"node_ids": [1], "surprise": 1}, None),
-    ({"node_ids": list(range(2000))}, None), ({"node_ids": 7}, None), ([1, 2], None),
+    ({}, None),
+    ({"node_ids": []}, None),
+    ({"node_ids": ["a"]}, None),
+    ({"node_ids": [1.5]}, None),
+    ({"node_ids": [-1]}, None),
+    ({"node_ids": [10**20]}, None),
+    ({"node_ids": [True]}, None),
+    ({"node_ids": [10**9]}, None),
+    ({"node_ids": [1], "fanout": [100, 100]}, None),
+    ({"node_ids": [1], "fanout": [1]}, None),
+    ({"node_ids": [1], "fanout": [0, 1]}, None),
+    ({"node_ids": [1], "version": "bad tag!!"}, None),
+    ({"node_ids": [1], "model": "nope"}, 404),
+    ({"node_ids": [1], "version": "doesnotexist"}, 404),
+    ({"node_ids": [1], "seed": -1}, None),
+    ({"node_ids": [1], "seed": "x"}, None),
+    ({"node_ids": [1], "surprise": 1}, None),
+    ({"node_ids": list(range(2000))}, None),
+    ({"node_ids": 7}, None),
+    ([1, 2], None),
 ]
 
 
@@ -192,8 +218,12 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
         batch = PredictBatch.of(ids, 77, model, dtype="float16", layout=layout)
         return httpx.post(app.feature.url + "/predict", headers=octet, timeout=10, content=encode_predict(batch))
 
-    for ids, asked, layout in ((body["node_ids"], None, PREMEAN), (body["node_ids"], LAYOUT, LAYOUT),
-                               ([3, 9], None, LAYOUT), ([3, 9], PREMEAN, PREMEAN)):
+    for ids, asked, layout in (
+        (body["node_ids"], None, PREMEAN),
+        (body["node_ids"], LAYOUT, LAYOUT),
+        ([3, 9], None, LAYOUT),
+        ([3, 9], PREMEAN, PREMEAN),
+    ):
         answered = chain(env["v1"], ids, asked)
         assert answered.status_code == 200 and wire.unpack(answered.content)[0]["layout"] == layout, (ids, asked)
     # The pool version's export records the level layout only: asked for premean, it gets levels.
@@ -202,14 +232,18 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
 
     chained = chain(env["v1"])
     assert chained.status_code == 200, chained.text
-    tensor = httpx.post(app.feature.url + "/features", json={**body, "layout": PREMEAN}, timeout=10,
-                        headers=app.service_headers)
+    tensor = httpx.post(
+        app.feature.url + "/features", json={**body, "layout": PREMEAN}, timeout=10, headers=app.service_headers
+    )
     assert tensor.status_code == 200, tensor.text
     full = httpx.post(app.feature.url + "/features", json=body, timeout=10, headers=app.service_headers)
     assert len(full.content) > len(tensor.content) and decode(tensor.content).layout == PREMEAN
-    by_hand = httpx.post(app.model.url + "/infer", content=wire.envelope({"model": env["v1"], "embedding": False},
-                                                                         tensor.content),
-                         headers=octet, timeout=10)
+    by_hand = httpx.post(
+        app.model.url + "/infer",
+        content=wire.envelope({"model": env["v1"], "embedding": False}, tensor.content),
+        headers=octet,
+        timeout=10,
+    )
     assert by_hand.status_code == 200, by_hand.text
     (meta, got), (meta_by_hand, want) = wire.unpack(chained.content), wire.unpack(by_hand.content)
     assert meta == meta_by_hand and meta["model"] == env["v1"] and set(got) == set(want) == {"logits", "probs"}
@@ -217,7 +251,11 @@ def test_feature_runner_hands_the_tensor_to_the_model_runner(app, env):
         np.testing.assert_array_equal(got[name], want[name])
     unknown = chain("graphsage:nosuchversion")
     assert unknown.status_code == 404 and unknown.json()["type"] == "unknown_version", unknown.text
-    for bad in (b"", b"GSE1junk", wire.envelope({"model": env["v1"], "embedding": False}, wire.pack({"x": np.zeros(1)}))):
+    for bad in (
+        b"",
+        b"GSE1junk",
+        wire.envelope({"model": env["v1"], "embedding": False}, wire.pack({"x": np.zeros(1)})),
+    ):
         r = httpx.post(app.feature.url + "/predict", headers=octet, content=bad, timeout=10)
         assert r.status_code == 400 and "bad predict request" in r.text, (bad, r.text)
 
@@ -236,7 +274,11 @@ def _assert_error_model(r: httpx.Response, schema: dict, declared: dict | None =
     jsonschema.validate(body, schema)
     assert body["status"] == r.status_code, body
     if declared is not None:
-        assert str(r.status_code) in declared["responses"], (r.request.url, r.status_code, sorted(declared["responses"]))
+        assert str(r.status_code) in declared["responses"], (
+            r.request.url,
+            r.status_code,
+            sorted(declared["responses"]),
+        )
         ref = declared["responses"][str(r.status_code)]["content"]["application/json"]["schema"]
         assert ref == {"$ref": "#/components/schemas/ErrorBody"}, ref
     return body
@@ -246,20 +288,33 @@ def test_every_runner_error_is_the_declared_error_model(app, env):
     """Each runner documents its endpoints (``GET /docs.json``, behind the token) and answers every
     error of them, and of unknown routes, as ErrorBody."""
     cases = {
-        "GraphSAGERunner": [("/infer", b"GSE1junk", "application/octet-stream"), ("/load", b'{"tag": ""}', None),
-                            ("/load", b'{"tag": "graphsage:none"}', None), ("/models", b'{"x": 1}', None),
-                            ("/infer", b"{}", None), ("/no-such-route", b"{}", None)],
-        "FeatureRunner": [("/predict", b"GSE1junk", "application/octet-stream"), ("/features", b'{"node_ids": [-1]}', None),
-                          ("/features", b'{"node_ids": [1], "seed": "x"}', None),
-                          ("/graph_update", b'{"ops": [{"op": "add_edge", "src": 1, "dst": 999999}]}', None),
-                          ("/graph_compact", b'{"upto": 999999999}', None), ("/info", b"[1]", None)],
+        "GraphSAGERunner": [
+            ("/infer", b"GSE1junk", "application/octet-stream"),
+            ("/load", b'{"tag": ""}', None),
+            ("/load", b'{"tag": "graphsage:none"}', None),
+            ("/models", b'{"x": 1}', None),
+            ("/infer", b"{}", None),
+            ("/no-such-route", b"{}", None),
+        ],
+        "FeatureRunner": [
+            ("/predict", b"GSE1junk", "application/octet-stream"),
+            ("/features", b'{"node_ids": [-1]}', None),
+            ("/features", b'{"node_ids": [1], "seed": "x"}', None),
+            ("/graph_update", b'{"ops": [{"op": "add_edge", "src": 1, "dst": 999999}]}', None),
+            ("/graph_compact", b'{"upto": 999999999}', None),
+            ("/info", b"[1]", None),
+        ],
     }
     for service, url in (("GraphSAGERunner", app.model.url), ("FeatureRunner", app.feature.url)):
         doc = httpx.get(url + "/docs.json", headers=app.service_headers, timeout=10).json()
         schema = _error_body_schema(doc)
         for path, content, media_type in cases[service]:
-            r = httpx.post(url + path, content=content, timeout=10,
-                           headers={"content-type": media_type or "application/json", **app.service_headers})
+            r = httpx.post(
+                url + path,
+                content=content,
+                timeout=10,
+                headers={"content-type": media_type or "application/json", **app.service_headers},
+            )
             assert r.status_code >= 400, (service, path, r.text)
             _assert_error_model(r, schema, doc["paths"].get(path, {}).get("post"))
         r = httpx.post(url + "/load", json={}, timeout=10)  # no token
@@ -270,8 +325,12 @@ def test_every_runner_error_is_the_declared_error_model(app, env):
 def second_gateway(app, env):
     """Another gateway on the same runners, with a rate limit whose burst only the contract test
     spends, and a breaker reset (3 s) that no other Retry-After here has."""
-    limits = {"GSAGE_RATE_LIMIT_PER_S": "0.01", "GSAGE_RATE_LIMIT_BURST": "40", "GSAGE_GRPC_PORT": "0",
-              "GSAGE_BREAKER_RESET_S": "3"}
+    limits = {
+        "GSAGE_RATE_LIMIT_PER_S": "0.01",
+        "GSAGE_RATE_LIMIT_BURST": "40",
+        "GSAGE_GRPC_PORT": "0",
+        "GSAGE_BREAKER_RESET_S": "3",
+    }
     gw = app.gateway_for({**app.env, **limits}).start()
     try:
         yield gw
@@ -301,14 +360,16 @@ CONTRACT_CASES = {
 }
 
 
-def _send(gw, env, body, key, media_type, path: str = "/predict", method: str = "POST",
-          headers: dict | None = None) -> httpx.Response:
+def _send(
+    gw, env, body, key, media_type, path: str = "/predict", method: str = "POST", headers: dict | None = None
+) -> httpx.Response:
     headers = {"content-type": media_type, **(headers or {})}
     if key is not None:
         headers["Authorization"] = f"Bearer {env['keys'].get(key, key)}"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.request(method, gw.url + path, content=content if method == "POST" else None, headers=headers,
-                         timeout=30)
+    return httpx.request(
+        method, gw.url + path, content=content if method == "POST" else None, headers=headers, timeout=30
+    )
 
 
 def test_every_error_answer_of_every_public_route_is_the_declared_error_model(second_gateway, env):
@@ -323,13 +384,26 @@ def test_every_error_answer_of_every_public_route_is_the_declared_error_model(se
         seen[name] = _answer(r)
         _assert_error_model(r, schema, doc["paths"]["/predict"]["post"])
     assert {name: a[0] for name, a in seen.items()} == {
-        "validation": 400, "validation, two fields": 400, "unknown field": 400, "no key": 401, "wrong key": 401,
-        "no scope": 403, "unknown version": 404, "unknown model": 404, "unknown node": 404, "too many ids": 413,
-        "body too large": 413, "media type": 415}
+        "validation": 400,
+        "validation, two fields": 400,
+        "unknown field": 400,
+        "no key": 401,
+        "wrong key": 401,
+        "no scope": 403,
+        "unknown version": 404,
+        "unknown model": 404,
+        "unknown node": 404,
+        "too many ids": 413,
+        "body too large": 413,
+        "media type": 415,
+    }
     # A 400 names the field and the reason, as the gRPC answer does, and says which field.
     assert seen["validation"][2]["error"] == "invalid request: node_ids.0: Input should be greater than or equal to 0"
     assert seen["validation"][2]["param"] == "node_ids.0" and seen["validation"][2]["type"] == "invalid_request"
-    assert "fanout.0" in seen["validation, two fields"][2]["error"] and "seed" in seen["validation, two fields"][2]["error"]
+    assert (
+        "fanout.0" in seen["validation, two fields"][2]["error"]
+        and "seed" in seen["validation, two fields"][2]["error"]
+    )
     assert seen["no key"][1]["www-authenticate"] == "Bearer"
     assert seen["unknown version"][2]["type"] == "unknown_version"  # the model runner's kind, through two hops
     others = [  # (path, method, body, key, extra headers, status)
@@ -351,9 +425,16 @@ def test_every_error_answer_of_every_public_route_is_the_declared_error_model(se
         _assert_error_model(r, schema, doc["paths"][path][method.lower()])
     for path, method in (("/no-such-route", "GET"), ("/predict", "GET")):  # BentoML's own 404 and 405
         r = _send(gw, env, {}, "predict", "application/json", path, method)
-        assert r.status_code in (404, 405) and _assert_error_model(r, schema)["type"] in ("not_found", "method_not_allowed")
-    dup = httpx.post(gw.url + "/predict", content=b'{"node_ids": [1]}', timeout=10,
-                     headers=[("content-type", "application/json"), ("content-type", "application/json")])
+        assert r.status_code in (404, 405) and _assert_error_model(r, schema)["type"] in (
+            "not_found",
+            "method_not_allowed",
+        )
+    dup = httpx.post(
+        gw.url + "/predict",
+        content=b'{"node_ids": [1]}',
+        timeout=10,
+        headers=[("content-type", "application/json"), ("content-type", "application/json")],
+    )
     assert dup.status_code == 400 and _assert_error_model(dup, schema)["param"] == "Content-Type"
     # 429 with Retry-After, in the same shape.
     for _ in range(41):
@@ -383,8 +464,11 @@ def test_a_503_keeps_its_reason_and_retry_after_over_http(app, env, second_gatew
 
 def test_concurrent_load_has_zero_errors(app, env):
     # Regression: bentoml.depends' client recycled its session under in-flight requests (5xx).
-    out = asyncio.run(answers_under_load(app.gateway.url + "/predict", auth(env), 6.0, 32,
-                            lambda w, n: {"node_ids": [(w * 997 + n) % 4000]}))
+    out = asyncio.run(
+        answers_under_load(
+            app.gateway.url + "/predict", auth(env), 6.0, 32, lambda w, n: {"node_ids": [(w * 997 + n) % 4000]}
+        )
+    )
     total = sum(out.values())
     assert out[env["v1"]] == total and total > 150, out
 
@@ -396,8 +480,15 @@ def test_bulk_requests_merge_past_the_client_limit(app, env):
     from bench.suite import promtext
 
     before = promtext.scrape(app.feature.url)
-    out = asyncio.run(answers_under_load(app.gateway.url + "/predict", auth(env), 3.0, 16,
-                                  lambda w, n: {"node_ids": [(w * 131 + n * 7 + i) % 4000 for i in range(512)]}))
+    out = asyncio.run(
+        answers_under_load(
+            app.gateway.url + "/predict",
+            auth(env),
+            3.0,
+            16,
+            lambda w, n: {"node_ids": [(w * 131 + n * 7 + i) % 4000 for i in range(512)]},
+        )
+    )
     assert set(out) == {env["v1"]} and sum(out.values()) > 16, out
     batches = promtext.diff(before, promtext.scrape(app.feature.url), "feature_batch_targets")
     assert batches is not None, "no FeatureRunner batch observed"
@@ -421,10 +512,15 @@ def test_canary_weights_and_stickiness(app, env):
 
 def test_promote_and_rollback_under_load(app, env):
     async def scenario() -> Counter:
-        load = asyncio.create_task(answers_under_load(app.gateway.url + "/predict", auth(env), 7.0, 16,
-                                         lambda w, n: {"node_ids": [(w * 31 + n) % 4000]}))
+        load = asyncio.create_task(
+            answers_under_load(
+                app.gateway.url + "/predict", auth(env), 7.0, 16, lambda w, n: {"node_ids": [(w * 31 + n) % 4000]}
+            )
+        )
         await asyncio.sleep(1.5)
-        assert (await asyncio.to_thread(admin, app, env, {"action": "promote", "version": env["v2"]})).status_code == 200
+        assert (
+            await asyncio.to_thread(admin, app, env, {"action": "promote", "version": env["v2"]})
+        ).status_code == 200
         await asyncio.sleep(2.5)
         assert (await asyncio.to_thread(admin, app, env, {"action": "rollback"})).status_code == 200
         return await load
@@ -454,12 +550,18 @@ def test_grpc_answers_equal_http(app, env):
     grpc_client = pytest.importorskip("services.grpc_client")
     ids = [3, 1, 4, 1, 5]
     http = predict(app, env, {"node_ids": ids, "seed": 99, "version": env["v1"]}).json()
-    rpc = grpc_client.predict(f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}", ids, api_key=env["keys"]["predict"],
-                              seed=99, version=env["v1"])
+    rpc = grpc_client.predict(
+        f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}",
+        ids,
+        api_key=env["keys"]["predict"],
+        seed=99,
+        version=env["v1"],
+    )
     assert rpc["model"] == http["model"]
     assert rpc["precision"] == http["precision"] == "fp32"  # the default GSAGE_PRECISION
-    np.testing.assert_allclose([p["probabilities"] for p in rpc["predictions"]],
-                               [p["probabilities"] for p in http["predictions"]], atol=1e-6)
+    np.testing.assert_allclose(
+        [p["probabilities"] for p in rpc["predictions"]], [p["probabilities"] for p in http["predictions"]], atol=1e-6
+    )
 
 
 def in_process_explanation(env, tag: str, node_ids: list[int], seed: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -467,11 +569,11 @@ def in_process_explanation(env, tag: str, node_ids: list[int], seed: int) -> tup
     process on the tree and, one run per neighbour, on the tree without it (NaN: empty slots)."""
     import onnxruntime as ort
 
-    from runners.feature.tree_layout import compact
     from common.settings import Settings
-    from runners.graphsage.model_artifacts import load_artifacts
     from runners.feature.sampling import sample_tree
     from runners.feature.snapshot import load_snapshot
+    from runners.feature.tree_layout import compact
+    from runners.graphsage.model_artifacts import load_artifacts
     from tests.test_explain import without_slot
 
     with bentoml_home(env["home"]):
@@ -521,10 +623,13 @@ def test_explain_over_http_and_grpc(app, env):
     for h, g in zip(http["predictions"], rpc["predictions"]):
         he, ge = h["explanation"], g["explanation"]
         assert ge["classes"] == he["classes"] and ge["empty_slots"] == he["empty_slots"]
-        assert [(n["node_id"], n["hop2"], n["hop2_empty"]) for n in ge["neighbours"]] == \
-               [(n["node_id"], n["hop2"], n["hop2_empty"]) for n in he["neighbours"]]
-        np.testing.assert_array_equal(np.float32([n["influence"] for n in ge["neighbours"]]),
-                                      np.float32([n["influence"] for n in he["neighbours"]]))
+        assert [(n["node_id"], n["hop2"], n["hop2_empty"]) for n in ge["neighbours"]] == [
+            (n["node_id"], n["hop2"], n["hop2_empty"]) for n in he["neighbours"]
+        ]
+        np.testing.assert_array_equal(
+            np.float32([n["influence"] for n in ge["neighbours"]]),
+            np.float32([n["influence"] for n in he["neighbours"]]),
+        )
     plain = predict(app, env, {"node_ids": ids, "seed": seed, "version": env["v1"]}).json()
     assert all("explanation" not in p for p in plain["predictions"])
 
@@ -569,8 +674,12 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
             assert predict(app, env, body).status_code == 200
             shadow_pair(app, env, v1, v1, i + 1)
         for i in range(3):
-            grpc_client.predict(f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}", [i, i + 1],
-                                api_key=env["keys"]["predict"], version=v1)
+            grpc_client.predict(
+                f"127.0.0.1:{env['settings']['GSAGE_GRPC_PORT']}",
+                [i, i + 1],
+                api_key=env["keys"]["predict"],
+                version=v1,
+            )
             shadow_pair(app, env, v1, v1, 13 + i)
         same = shadow_pair(app, env, v1, v1, 15)
         assert (same["requests"], same["failed"], same["dropped"]) == (15, 0, 0), same
@@ -580,16 +689,19 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
         # GSAGE_PREMEAN_MIN_TARGETS (full rows), and the shadow merges them into calls over it.
         # Each still runs on its primary's layout, so the answers differ by the float32 rounding
         # of another batch shape (~1e-8), not by float16 premean rounding (~1e-5).
-        burst = [{"node_ids": [(i * 53 + k) % 4000 for k in range(20 if i % 4 == 0 else 8 + i % 8)], "version": pin}
-                 for i in range(24)]
+        burst = [
+            {"node_ids": [(i * 53 + k) % 4000 for k in range(20 if i % 4 == 0 else 8 + i % 8)], "version": pin}
+            for i in range(24)
+        ]
         assert all(predict(app, env, b).status_code == 200 for b in burst)
         same = shadow_pair(app, env, v1, v1, 15 + len(burst))
         assert same["predictions"] == 30 + sum(len(b["node_ids"]) for b in burst), same
         assert same["agreement"] == 1.0 and same["probability_diff"]["max"] < 1e-6, same
 
         assert admin(app, env, {"action": "set_shadow", "version": v2}).status_code == 200
-        bodies = [{"node_ids": [(i * 101 + k) % 4000 for k in range(3)], "seed": 500 + i, "version": pin}
-                  for i in range(10)]
+        bodies = [
+            {"node_ids": [(i * 101 + k) % 4000 for k in range(3)], "seed": 500 + i, "version": pin} for i in range(10)
+        ]
         for body in bodies:
             assert predict(app, env, body).status_code == 200
         other = shadow_pair(app, env, v1, v2, 10)
@@ -597,7 +709,7 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
         q = np.concatenate([in_process_probs(env, v2, b["node_ids"], b["seed"]) for b in bodies])
         assert other["predictions"] == 30 and other["agreed"] == int((p.argmax(1) == q.argmax(1)).sum()), other
         assert other["probability_diff"]["mean"] == pytest.approx(float(np.abs(p - q).max(1).mean()), abs=1e-4)
-        assert 'gateway_shadow_requests_total' in httpx.get(app.gateway.url + "/metrics").text
+        assert "gateway_shadow_requests_total" in httpx.get(app.gateway.url + "/metrics").text
 
         before = RoutingTable(routes_file).routes("graphsage")
         refused = admin(app, env, {"action": "promote", "version": v2, "min_agreement": 1.0, "min_compared": 1000})
@@ -623,8 +735,12 @@ def test_metrics_expose_stages_and_versions(app, env):
     expected = {
         app.gateway: ("gateway_requests_total", "gateway_request_seconds", "gateway_breaker_state"),
         app.feature: ("feature_stage_seconds", "feature_lookups_total", "feature_response_bytes"),
-        app.model: ("graphsage_batch_targets", "graphsage_queue_seconds", "graphsage_compute_seconds",
-                    "graphsage_requests_total"),
+        app.model: (
+            "graphsage_batch_targets",
+            "graphsage_queue_seconds",
+            "graphsage_compute_seconds",
+            "graphsage_requests_total",
+        ),
     }
     for service, names in expected.items():
         text = httpx.get(service.url + "/metrics").text
@@ -680,10 +796,27 @@ def test_fuzzing_the_openapi_spec_finds_no_server_error(app, env, tmp_path):
     pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[dev]')")
     st = os.path.join(os.path.dirname(sys.executable), "st")  # the venv's, whether or not it is on PATH
     out = subprocess.run(
-        [st, "run", app.gateway.url + "/docs.json", "--checks", "not_a_server_error", "--max-examples", "60",
-         "--header", f"Authorization: Bearer {env['keys']['admin']}", "--workers", "2",
-         "--report", "junit", "--report-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240)
+        [
+            st,
+            "run",
+            app.gateway.url + "/docs.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "60",
+            "--header",
+            f"Authorization: Bearer {env['keys']['admin']}",
+            "--workers",
+            "2",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     summary = next((line for line in out.stdout.splitlines() if " generated, " in line), "")
     assert summary and "failed" not in summary and "failure" not in summary, out.stdout[-3000:]

@@ -18,8 +18,13 @@ class Small(BaseModel):
     x: int
 
 
-REVERSE = Endpoint("reverse", "/hot", Binary(lambda b: b, lambda b: b, "bytes"), Binary(lambda b: b, lambda b: b, "b"),
-                   "reverse the body")
+REVERSE = Endpoint(
+    "reverse",
+    "/hot",
+    Binary(lambda b: b, lambda b: b, "bytes"),
+    Binary(lambda b: b, lambda b: b, "b"),
+    "reverse the body",
+)
 DOUBLE = Endpoint("double", "/double", JsonModel(Small), JsonModel(Small), "double x")
 STATUS = Endpoint("status", "/status", NO_BODY, JsonModel(Small), "a report", method="GET")
 
@@ -72,8 +77,11 @@ def test_an_endpoint_is_answered_by_its_core_method_with_the_whole_body():
     core = Core()
     status, headers, body = _status_headers_body(_call(_router(core), chunks=(b"ab", b"cd", b"e")))
     assert core.seen == [b"abcde"] and (status, body) == (200, b"edcba")
-    assert headers == {b"content-type": b"application/octet-stream", b"content-length": b"5",
-                       b"server": b"BentoML Service/Svc"}
+    assert headers == {
+        b"content-type": b"application/octet-stream",
+        b"content-length": b"5",
+        b"server": b"BentoML Service/Svc",
+    }
 
 
 def test_json_endpoints_decode_and_encode_their_models_and_get_endpoints_take_no_body():
@@ -84,9 +92,16 @@ def test_json_endpoints_decode_and_encode_their_models_and_get_endpoints_take_no
     assert status == 400 and "takes no parameters" in json.loads(body)["error"]
 
 
-@pytest.mark.parametrize("method,path,scope_type", [("GET", "/hot", "http"), ("POST", "/other", "http"),
-                                                    ("POST", "/hot/x", "http"), ("POST", "/status", "http"),
-                                                    ("POST", "/hot", "websocket")])
+@pytest.mark.parametrize(
+    "method,path,scope_type",
+    [
+        ("GET", "/hot", "http"),
+        ("POST", "/other", "http"),
+        ("POST", "/hot/x", "http"),
+        ("POST", "/status", "http"),
+        ("POST", "/hot", "websocket"),
+    ],
+)
 def test_everything_else_passes_through(method, path, scope_type):
     sent = _call(_router(Core()), method, path, scope_type=scope_type)
     assert sent[0]["status"] == 299 and sent[1]["body"] == b"inner"
@@ -116,17 +131,35 @@ class Raising:
 def test_errors_keep_their_kind_status_message_param_and_headers_in_the_one_shape(caplog):
     try:
         Small.model_validate_json(b'{"x": "a"}')
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         invalid = exc
     cases = [
-        (invalid, 400, "invalid_request", "invalid request: x: Input should be a valid integer, unable to parse string "
-                                          "as an integer", "x", {}),
+        (
+            invalid,
+            400,
+            "invalid_request",
+            "invalid request: x: Input should be a valid integer, unable to parse string as an integer",
+            "x",
+            {},
+        ),
         (ApiError(404, "no such version", type="unknown_version"), 404, "unknown_version", "no such version", None, {}),
         (ApiError(422, "wrong width"), 422, "unprocessable", "wrong width", None, {}),
-        (ApiError(401, "no key", {"WWW-Authenticate": "Bearer"}), 401, "unauthenticated", "no key", None,
-         {b"www-authenticate": b"Bearer"}),
-        (ApiError.unavailable("model runner down: circuit open", 2.5), 503, "unavailable",
-         "model runner down: circuit open", None, {b"retry-after": b"3"}),
+        (
+            ApiError(401, "no key", {"WWW-Authenticate": "Bearer"}),
+            401,
+            "unauthenticated",
+            "no key",
+            None,
+            {b"www-authenticate": b"Bearer"},
+        ),
+        (
+            ApiError.unavailable("model runner down: circuit open", 2.5),
+            503,
+            "unavailable",
+            "model runner down: circuit open",
+            None,
+            {b"retry-after": b"3"},
+        ),
         (RuntimeError("boom"), 500, "internal", UNEXPECTED, None, {}),
     ]
     with caplog.at_level(logging.INFO, logger="graphsage.endpoints"):
@@ -167,9 +200,11 @@ def test_each_service_serves_its_endpoints_behind_its_guard():
     from services.gateway import Gateway
     from services.http_guard import HttpGuard
 
-    for service, endpoints, guard in ((Gateway, api.ENDPOINTS, HttpGuard),
-                                      (FeatureRunner, feature_runner_api.ENDPOINTS, ServiceGuard),
-                                      (GraphSAGERunner, model_runner_api.ENDPOINTS, ServiceGuard)):
+    for service, endpoints, guard in (
+        (Gateway, api.ENDPOINTS, HttpGuard),
+        (FeatureRunner, feature_runner_api.ENDPOINTS, ServiceGuard),
+        (GraphSAGERunner, model_runner_api.ENDPOINTS, ServiceGuard),
+    ):
         assert [cls for cls, _ in service.middlewares] == [guard, Router], service.name
         assert dict(service.middlewares)[Router]["endpoints"] == endpoints, service.name
     # The runners declare no BentoML API: nothing there could choose a deserialiser by Content-Type.

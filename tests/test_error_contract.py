@@ -26,8 +26,12 @@ pytestmark = [pytest.mark.integration]
 
 # node id -> what the fake FeatureRunner answers a prediction of it with
 SCRIPTED = {
-    1: ApiError(503, "graph update 5 is not applied here yet (applied: 3); retry shortly", {"Retry-After": "7"},
-                type="not_applied_yet"),
+    1: ApiError(
+        503,
+        "graph update 5 is not applied here yet (applied: 3); retry shortly",
+        {"Retry-After": "7"},
+        type="not_applied_yet",
+    ),
     2: ApiError(404, "model 'graphsage:gone' is not in the model store", type="unknown_version", param="model"),
     3: ApiError(503, "model runner unavailable: overloaded", {"Retry-After": "4"}, type="model_runner_unavailable"),
     4: ApiError(422, "op 0 (add_edge): dst: node 9 is not in the graph", type="batch_rejected", param="ops.0.dst"),
@@ -35,12 +39,12 @@ SCRIPTED = {
 
 
 class FakeFeatureRunner(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the gateway's /readyz asks its dependencies'
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/readyz" else 404)
         self.send_header("content-length", "0")
         self.end_headers()
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         if self.path == "/predict":
             node = int(decode_predict(body).node_ids[0])
@@ -68,10 +72,15 @@ def gateway(tmp_path_factory) -> Iterator[tuple[str, int]]:
     thread.start()
     url = f"http://127.0.0.1:{fake.server_address[1]}"
     grpc_port = free_port()
-    env = {**os.environ, "BENTOML_HOME": str(root / "bentoml"), "GSAGE_GRPC_PORT": str(grpc_port),
-           "GSAGE_BREAKER_FAILURES": "100"}
-    service = Service("Gateway", free_port(), env, depends={"FeatureRunner": url, "GraphSAGERunner": url},
-                      log_dir=str(root))
+    env = {
+        **os.environ,
+        "BENTOML_HOME": str(root / "bentoml"),
+        "GSAGE_GRPC_PORT": str(grpc_port),
+        "GSAGE_BREAKER_FAILURES": "100",
+    }
+    service = Service(
+        "Gateway", free_port(), env, depends={"FeatureRunner": url, "GraphSAGERunner": url}, log_dir=str(root)
+    )
     try:
         service.start()
         yield service.url, grpc_port

@@ -20,9 +20,9 @@ import torch
 
 from common import wire
 from common.breaker import CircuitBreaker
+from common.feature_runner_api import ExplainTooLarge, check_explain_size
 from common.feature_tensor import FeatureTensor, to_padded
 from common.settings import Settings
-from common.feature_runner_api import ExplainTooLarge, check_explain_size
 from runners.feature.explain import PAD, explain, neighbourhood, with_variants
 from runners.feature.neighbourhood import NeighbourhoodBuilder
 from runners.feature.sampling import sample_tree
@@ -43,7 +43,9 @@ SEED = 20240607
 TOL = 1e-4  # ONNX Runtime against PyG (training_export.export.PARITY_TOLERANCE)
 
 
-def tensor_of(graph: GraphSnapshot, ids: list[int], fanout: tuple[int, ...] = FANOUT, seed: int = SEED) -> FeatureTensor:
+def tensor_of(
+    graph: GraphSnapshot, ids: list[int], fanout: tuple[int, ...] = FANOUT, seed: int = SEED
+) -> FeatureTensor:
     """The FeatureRunner's tensor for one request (float32 rows: PyG sees the same numbers)."""
     store = feature_store(Settings(), graph.features, "graph-snapshot:test")
     builder = NeighbourhoodBuilder(graph, store, FANOUT, max_nodes=64)
@@ -130,7 +132,7 @@ def _remove_edge(g: GraphSnapshot, u: int, w: int) -> tuple[np.ndarray, np.ndarr
     return indptr.astype(g.indptr.dtype), np.ascontiguousarray(g.indices[keep])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained(aggregator: str, task: str) -> PygGraphSAGE:
     g = small_graph(task=task)
     cfg = ModelConfig(in_dim=g.feature_dim, hidden_dim=16, num_classes=g.num_classes, aggregator=aggregator, task=task)
@@ -161,14 +163,17 @@ def pyg_probs(model: PygGraphSAGE, tree: list[np.ndarray], features: np.ndarray)
     return (torch.softmax(logits, -1) if model.cfg.task == "multiclass" else torch.sigmoid(logits)).numpy()
 
 
-@pytest.mark.parametrize(("aggregator", "task"), [("mean", "multiclass"), ("pool", "multiclass"),
-                                                  ("lstm", "multiclass"), ("mean", "multilabel")])
+@pytest.mark.parametrize(
+    ("aggregator", "task"),
+    [("mean", "multiclass"), ("pool", "multiclass"), ("lstm", "multiclass"), ("mean", "multilabel")],
+)
 def test_influence_is_pygs_answer_with_the_neighbour_left_out(aggregator, task, tmp_path):
     g = small_graph(task=task)
     model = trained(aggregator, task)
     backend = CountingOnnx(export_onnx(to_dense(model), str(tmp_path / "m.onnx")))
-    loaded = types.SimpleNamespace(artifacts=types.SimpleNamespace(tag="graphsage:test", config=model.cfg),
-                                   backend=backend)
+    loaded = types.SimpleNamespace(
+        artifacts=types.SimpleNamespace(tag="graphsage:test", config=model.cfg), backend=backend
+    )
     ids = targets(g)
     ft = tensor_of(g, ids)
     v = with_variants(ft)
@@ -203,8 +208,13 @@ def explained_answer() -> Answer:
     hop1 = np.array([[7, 8, PAD], [9, PAD, PAD]], np.int64)
     hop2 = np.array([[[1, 2], [3, PAD], [PAD, PAD]], [[4, 5], [PAD, PAD], [PAD, PAD]]], np.int64)
     influence = np.array([[[0.25], [-0.125], [np.nan]], [[0.5], [np.nan], [np.nan]]], np.float32)
-    arrays = {"probs": np.array([[0.2, 0.8], [0.6, 0.4]], np.float32), "explain_hop1": hop1, "explain_hop2": hop2,
-              "explain_classes": np.array([[1], [0]], np.int32), "explain_influence": influence}
+    arrays = {
+        "probs": np.array([[0.2, 0.8], [0.6, 0.4]], np.float32),
+        "explain_hop1": hop1,
+        "explain_hop2": hop2,
+        "explain_classes": np.array([[1], [0]], np.int32),
+        "explain_influence": influence,
+    }
     return from_wire([10, 11], {"model": "graphsage:v1", "task": "multiclass"}, arrays)
 
 
@@ -215,9 +225,14 @@ def test_http_and_grpc_render_one_explanation():
     answer = explained_answer()
     http = PredictResponse.model_validate_json(answer.to_json()).model_dump()
     first = http["predictions"][0]["explanation"]
-    assert first == {"classes": [1], "empty_slots": 1, "neighbours": [
-        {"node_id": 7, "influence": [0.25], "hop2": [1, 2], "hop2_empty": 0},
-        {"node_id": 8, "influence": [-0.125], "hop2": [3], "hop2_empty": 1}]}
+    assert first == {
+        "classes": [1],
+        "empty_slots": 1,
+        "neighbours": [
+            {"node_id": 7, "influence": [0.25], "hop2": [1, 2], "hop2_empty": 0},
+            {"node_id": 8, "influence": [-0.125], "hop2": [3], "hop2_empty": 1},
+        ],
+    }
     assert http["predictions"][1]["explanation"]["empty_slots"] == 2
     rpc = to_dict(to_proto(answer))
     assert [p["explanation"] for p in rpc["predictions"]] == [p["explanation"] for p in http["predictions"]]
@@ -240,8 +255,9 @@ def test_an_explained_request_is_never_merged():
 
     async def main():
         clock = asyncio.get_running_loop().time
-        core = PredictionCore(OneRoute(), predict, CircuitBreaker("f", clock=clock), CircuitBreaker("m", clock=clock),
-                              timeout_s=1.0)
+        core = PredictionCore(
+            OneRoute(), predict, CircuitBreaker("f", clock=clock), CircuitBreaker("m", clock=clock), timeout_s=1.0
+        )
         reqs = [PredictRequest(node_ids=[i, i + 1], seed=i, explain=i % 3 == 0) for i in range(9)]
         await asyncio.gather(*(core.predict(r) for r in reqs))
 

@@ -37,9 +37,15 @@ def redis(tmp_path_factory):
 def app(store, redis):
     home, (v1, _) = store
     # A tiny L1 so that L2 (Redis) serves most rows and its loss is felt.
-    env = {"GSAGE_REDIS_URL": redis.url, "GSAGE_L1_BYTES": "65536", "GSAGE_MODEL_TAGS": v1,
-           "GSAGE_RUNNER_TIMEOUT_S": "2", "GSAGE_BREAKER_RESET_S": "1", "GSAGE_BREAKER_FAILURES": "3",
-           "GSAGE_GRPC_PORT": "0"}
+    env = {
+        "GSAGE_REDIS_URL": redis.url,
+        "GSAGE_L1_BYTES": "65536",
+        "GSAGE_MODEL_TAGS": v1,
+        "GSAGE_RUNNER_TIMEOUT_S": "2",
+        "GSAGE_BREAKER_RESET_S": "1",
+        "GSAGE_BREAKER_FAILURES": "3",
+        "GSAGE_GRPC_PORT": "0",
+    }
     app = SplitApp(home, env, model_workers=2).start()
     yield app
     app.stop()
@@ -47,10 +53,17 @@ def app(store, redis):
 
 def record(name: str, load: str, out: Outcomes, recovery_s: float | None = None) -> dict:
     failed = {str(k): v for k, v in out.items() if not str(k).startswith("graphsage:") and k != "degraded"}
-    row = {"fault": name, "load": load, "sent": sum(out.values()),
-           "answered": sum(v for k, v in out.items() if str(k).startswith("graphsage:")),
-           "degraded": out.get("degraded", 0), "failed": sum(failed.values()), "failed_by_status": failed,
-           "recovery_s": recovery_s, "first_messages": out.first_message}
+    row = {
+        "fault": name,
+        "load": load,
+        "sent": sum(out.values()),
+        "answered": sum(v for k, v in out.items() if str(k).startswith("graphsage:")),
+        "degraded": out.get("degraded", 0),
+        "failed": sum(failed.values()),
+        "failed_by_status": failed,
+        "recovery_s": recovery_s,
+        "first_messages": out.first_message,
+    }
     print(f"\n{name}: {json.dumps(row)}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -61,12 +74,21 @@ def record(name: str, load: str, out: Outcomes, recovery_s: float | None = None)
 
 def l2_hits(app: SplitApp) -> float:
     text = httpx.get(app.feature.url + "/metrics").text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith('feature_lookups_total{level="l2"'))
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith('feature_lookups_total{level="l2"')
+    )
 
 
 async def _with_fault(app: SplitApp, seconds: float, concurrency: int, fault) -> Outcomes:
-    load = asyncio.create_task(answers_under_load(app.gateway.url + "/predict", {}, seconds, concurrency,
-                                           lambda w, n: {"node_ids": [(w * 389 + n * 7) % 4000]}))
+    load = asyncio.create_task(
+        answers_under_load(
+            app.gateway.url + "/predict",
+            {},
+            seconds,
+            concurrency,
+            lambda w, n: {"node_ids": [(w * 389 + n * 7) % 4000]},
+        )
+    )
     await fault()
     return await load
 
@@ -82,10 +104,13 @@ def test_redis_killed_then_restarted(app, redis):
     row = record("redis_l2_killed_and_restarted", "8 concurrent single-node requests, 9 s", out)
     assert row["failed"] == 0 and row["degraded"] == 0, row
     metrics = httpx.get(app.feature.url + "/metrics").text
-    assert any(line.startswith("feature_l2_errors_total ") and float(line.split()[-1]) > 0
-               for line in metrics.splitlines()), "L2 failures are counted on /metrics"
+    assert any(
+        line.startswith("feature_l2_errors_total ") and float(line.split()[-1]) > 0 for line in metrics.splitlines()
+    ), "L2 failures are counted on /metrics"
     before = l2_hits(app)
-    asyncio.run(answers_under_load(app.gateway.url + "/predict", {}, 2.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
+    asyncio.run(
+        answers_under_load(app.gateway.url + "/predict", {}, 2.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]})
+    )
     assert l2_hits(app) > before, "L2 hits should resume after the restart"
 
 
@@ -119,8 +144,12 @@ def test_feature_runner_killed_then_restarted(app):
     while recovery is None and time.monotonic() - timeline["restarted"] < 10:
         if not client.post(app.gateway.url + "/predict", json={"node_ids": [1]}).json()["degraded"]:
             recovery = time.monotonic() - timeline["restarted"]
-    row = record("feature_runner_killed_and_restarted", "8 concurrent single-node requests, 10 s", out,
-                 recovery_s=None if recovery is None else round(recovery, 2))
+    row = record(
+        "feature_runner_killed_and_restarted",
+        "8 concurrent single-node requests, 10 s",
+        out,
+        recovery_s=None if recovery is None else round(recovery, 2),
+    )
     assert row["failed"] == 0 and row["degraded"] > 0, row
     assert recovery is not None and recovery <= 5.0, row
 
@@ -130,8 +159,9 @@ def test_hot_load_of_a_new_version_under_load(app, store):
 
     async def fault() -> None:
         await asyncio.sleep(1.0)
-        r = await asyncio.to_thread(httpx.post, app.model.url + "/load", json={"tag": v2}, timeout=30,
-                                    headers=app.service_headers)
+        r = await asyncio.to_thread(
+            httpx.post, app.model.url + "/load", json={"tag": v2}, timeout=30, headers=app.service_headers
+        )
         assert r.status_code == 200, r.text
 
     out = asyncio.run(_with_fault(app, 4.0, 8, fault))
@@ -155,8 +185,13 @@ def test_redis_cluster_master_killed_replica_takes_over(store, tmp_path):
     misses fall back to the origin), the cluster promotes the replica, L2 hits resume."""
     home, (v1, _) = store
     cluster = RedisCluster3(str(tmp_path), replicas=1).start()
-    env = {"GSAGE_REDIS_URL": cluster.url, "GSAGE_L1_BYTES": "65536", "GSAGE_MODEL_TAGS": v1,
-           "GSAGE_L2_RETRY_BACKOFF_S": "0.5", "GSAGE_GRPC_PORT": "0"}
+    env = {
+        "GSAGE_REDIS_URL": cluster.url,
+        "GSAGE_L1_BYTES": "65536",
+        "GSAGE_MODEL_TAGS": v1,
+        "GSAGE_L2_RETRY_BACKOFF_S": "0.5",
+        "GSAGE_GRPC_PORT": "0",
+    }
     app = SplitApp(home, env).start()
     try:
         masters = [n for n in cluster.nodes if cluster.roles().get(n.port) == "master"]
@@ -174,12 +209,20 @@ def test_redis_cluster_master_killed_replica_takes_over(store, tmp_path):
             takeover["s"] = round(time.monotonic() - killed, 2)
 
         out = asyncio.run(_with_fault(app, 9.0, 8, fault))
-        row = record("redis_cluster_master_killed", "8 concurrent single-node requests, 9 s, 3 masters + 3 replicas",
-                     out, recovery_s=takeover.get("s"))
+        row = record(
+            "redis_cluster_master_killed",
+            "8 concurrent single-node requests, 9 s, 3 masters + 3 replicas",
+            out,
+            recovery_s=takeover.get("s"),
+        )
         assert row["failed"] == 0 and row["degraded"] == 0, row
         assert sum(1 for r in cluster.roles().values() if r == "master") == 3, "a replica should be promoted"
         before = l2_hits(app)
-        asyncio.run(answers_under_load(app.gateway.url + "/predict", {}, 3.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}))
+        asyncio.run(
+            answers_under_load(
+                app.gateway.url + "/predict", {}, 3.0, 4, lambda w, n: {"node_ids": [(w * 13 + n) % 500]}
+            )
+        )
         assert l2_hits(app) > before, "L2 hits should resume on the promoted replica"
     finally:
         app.stop()

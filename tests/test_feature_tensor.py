@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common import wire
 from common.feature_tensor import (
@@ -12,8 +13,8 @@ from common.feature_tensor import (
     padded_nbytes,
     to_padded,
 )
-from runners.feature.tree_layout import PremeanTree, compact, premean
 from runners.feature.sampling import sample_tree
+from runners.feature.tree_layout import PremeanTree, compact, premean
 from tests.graphs import small_graph
 
 
@@ -80,8 +81,9 @@ def test_premean_keeps_the_inner_levels_and_averages_each_distinct_hop1_node_onc
         assert want.setdefault(node, tuple(r)) == tuple(r)  # what makes merging them exact
     for e, row in enumerate(pm.last_rows):
         r = np.array(want[unique[row]])
-        np.testing.assert_allclose(pm.last_mean[e], g.features[r[r >= 0]].mean(0) if (r >= 0).any() else 0,
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            pm.last_mean[e], g.features[r[r >= 0]].mean(0) if (r >= 0).any() else 0, rtol=1e-6, atol=1e-6
+        )
     assert pm.nbytes() < 0.7 * ft.nbytes()  # on the small test graph; ~3x fewer rows on the demo graph
     # a node without neighbours (a directed graph's sink) averages to 0, as the dense model's mean
     rows = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -111,25 +113,42 @@ def test_premean_round_trip_and_rejections(dtype):
     np.testing.assert_array_equal(back.last_rows, pm.last_rows)
     np.testing.assert_array_equal(back.features, pm.features)
     with pytest.raises(FeatureTensorError, match="one row per entry"):
-        FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean[:-1], last_fanout=10).validate()
+        FeatureTensor(
+            pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean[:-1], last_fanout=10
+        ).validate()
     with pytest.raises(FeatureTensorError, match="outside last_rows"):
-        FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows[:-1], last_mean=pm.last_mean[:-1],
-                      last_fanout=10).validate()
+        FeatureTensor(
+            pm.features, pm.index, last_rows=pm.last_rows[:-1], last_mean=pm.last_mean[:-1], last_fanout=10
+        ).validate()
     with pytest.raises(FeatureTensorError, match="last_rows points outside"):
-        FeatureTensor(pm.features[:2], [np.zeros(1, np.int32), pm.index[1][:1]], last_rows=pm.last_rows,
-                      last_mean=pm.last_mean, last_fanout=10).validate()
+        FeatureTensor(
+            pm.features[:2],
+            [np.zeros(1, np.int32), pm.index[1][:1]],
+            last_rows=pm.last_rows,
+            last_mean=pm.last_mean,
+            last_fanout=10,
+        ).validate()
     with pytest.raises(FeatureTensorError, match="last hop's fanout"):
         FeatureTensor(pm.features, pm.index, last_rows=pm.last_rows, last_mean=pm.last_mean).validate()
     with pytest.raises(FeatureTensorError, match="at least one last-hop entry"):  # ONNX's gathers need one
-        FeatureTensor(pm.features, [pm.index[0], np.full_like(pm.index[1], -1)], last_rows=pm.last_rows[:0],
-                      last_mean=pm.last_mean[:0], last_fanout=10).validate()
+        FeatureTensor(
+            pm.features,
+            [pm.index[0], np.full_like(pm.index[1], -1)],
+            last_rows=pm.last_rows[:0],
+            last_mean=pm.last_mean[:0],
+            last_fanout=10,
+        ).validate()
     arrays = {"features": pm.features, "idx0": pm.index[0], "idx1": pm.index[1]}
     with pytest.raises(FeatureTensorError, match="carries last_rows and last_mean"):  # premean declared, nothing sent
         decode(wire.pack({**arrays, "last_mean": pm.last_mean}, {"layout": PREMEAN, "last_fanout": 10}))
     other = np.float32 if dtype == np.float16 else np.float16
     with pytest.raises(FeatureTensorError, match="dtype of features"):
-        decode(wire.pack({**arrays, "last_rows": pm.last_rows, "last_mean": pm.last_mean.astype(other)},
-                         {"layout": PREMEAN, "last_fanout": 10}))
+        decode(
+            wire.pack(
+                {**arrays, "last_rows": pm.last_rows, "last_mean": pm.last_mean.astype(other)},
+                {"layout": PREMEAN, "last_fanout": 10},
+            )
+        )
 
 
 def test_rejects_inconsistent_tensors():
@@ -172,8 +191,13 @@ def test_envelope_round_trip_and_rejections():
     options, payload = wire.open_envelope(wire.envelope({"model": "graphsage:v1", "embedding": True}, blob))
     assert options == {"model": "graphsage:v1", "embedding": True}
     np.testing.assert_array_equal(decode(payload).features, ft.features)
-    for bad, match in [(b"", "magic"), (blob, "magic"), (b"GSE1" + b"\xff\xff\xff\x7f", "out of range"),
-                       (b"GSE1\x03\0\0\0{x}", "bad header"), (b"GSE1\x02\0\0\0[]", "JSON object")]:
+    for bad, match in [
+        (b"", "magic"),
+        (blob, "magic"),
+        (b"GSE1" + b"\xff\xff\xff\x7f", "out of range"),
+        (b"GSE1\x03\0\0\0{x}", "bad header"),
+        (b"GSE1\x02\0\0\0[]", "JSON object"),
+    ]:
         with pytest.raises(wire.WireError, match=match):
             wire.open_envelope(bad)
 
@@ -187,10 +211,15 @@ def test_premean_tree_is_the_layout_of_the_fully_sampled_tree_byte_for_byte(fano
     rng = np.random.default_rng(5)
     isolated = np.flatnonzero(np.diff(g.indptr) == 0)[:5]  # no neighbour: no last hop at all
     connected = np.flatnonzero(np.diff(g.indptr) > 0)[:1]
-    cases = [rng.choice(g.num_nodes // 20, size=int(rng.integers(1, 200))) for _ in range(8)]  # repeats: shared hop-1 nodes
+    cases = [
+        rng.choice(g.num_nodes // 20, size=int(rng.integers(1, 200))) for _ in range(8)
+    ]  # repeats: shared hop-1 nodes
     for targets in cases + [isolated, np.concatenate([isolated, connected])]:
-        seeds = (rng.integers(0, 3, targets.size) * 7919 if per_target_seeds  # merged requests: a few seeds
-                 else np.full(targets.size, int(rng.integers(2**62)), np.int64)).astype(np.int64)
+        seeds = (
+            rng.integers(0, 3, targets.size) * 7919
+            if per_target_seeds  # merged requests: a few seeds
+            else np.full(targets.size, int(rng.integers(2**62)), np.int64)
+        ).astype(np.int64)
         unique, index = compact(sample_tree(g.indptr, g.indices, targets, fanout, seed=seeds))
         want = premean(g.features[unique], index, seeds)
         tree = PremeanTree.sample(g.indptr, g.indices, targets, fanout, seeds)

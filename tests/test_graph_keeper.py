@@ -35,8 +35,9 @@ def add_node(v: int, x: float) -> dict:
 
 
 def neighbourhood(graph: LiveGraph, targets, seed: int = 3) -> list[np.ndarray]:
-    return sample_tree(graph.base.indptr, graph.base.indices, np.asarray(targets, np.int64), (25, 10), seed=seed,
-                       overlay=graph.overlay)
+    return sample_tree(
+        graph.base.indptr, graph.base.indices, np.asarray(targets, np.int64), (25, 10), seed=seed, overlay=graph.overlay
+    )
 
 
 def test_a_batch_is_appended_then_applied_and_a_bad_one_leaves_no_trace(tmp_path):
@@ -68,7 +69,9 @@ def test_two_workers_converge_and_a_write_to_either_is_validated_against_all_bef
         await b.submit([{"op": "add_edge", "src": 500, "dst": 3}])
         with pytest.raises(BatchRejected, match="exists already"):
             await b.submit([add_node(500, 2.0)])
-        await a.submit([{"op": "set_features", "id": 3, "features": [9.0] * F}, {"op": "remove_edge", "src": 3, "dst": 500}])
+        await a.submit(
+            [{"op": "set_features", "id": 3, "features": [9.0] * F}, {"op": "remove_edge", "src": 3, "dst": 500}]
+        )
         await asyncio.wait_for(b.wait_for(3, 5.0), 5.0)
         await asyncio.wait_for(a.wait_for(3, 5.0), 5.0)
         assert a.graph.sequence == b.graph.sequence == 3
@@ -291,11 +294,14 @@ def test_the_lag_and_compaction_times_reach_prometheus(tmp_path):
     k = keeper(tmp_path, observer=observer)
     observer.state(k.status())  # what each status publication sets: the same figures as GET /graph/status
     assert sample("graph_lag_seconds") == 0.0 and sample("graph_lag_entries") == 0.0
-    count, under = (sample("graph_compaction_seconds_count", stage="switch"),
-                    sample("graph_compaction_seconds_bucket", stage="switch", le="0.5"))
+    count, under = (
+        sample("graph_compaction_seconds_count", stage="switch"),
+        sample("graph_compaction_seconds_bucket", stage="switch", le="0.5"),
+    )
     observer.compaction("switch", 0.3)
     observer.compaction("compact", 42.0)
     assert sample("graph_compaction_seconds_count", stage="switch") == count + 1
     assert sample("graph_compaction_seconds_bucket", stage="switch", le="0.5") == under + 1
-    assert sample("graph_compaction_seconds_bucket", stage="compact", le="30.0") < \
-        sample("graph_compaction_seconds_bucket", stage="compact", le="60.0")
+    assert sample("graph_compaction_seconds_bucket", stage="compact", le="30.0") < sample(
+        "graph_compaction_seconds_bucket", stage="compact", le="60.0"
+    )

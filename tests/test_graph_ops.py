@@ -17,8 +17,13 @@ NEIGHBOUR = int(small_graph().indices[small_graph().indptr[1]])  # node 1's firs
 
 def example(spec) -> dict:
     """A valid op of each kind on the small graph (nodes 1 and 2 exist, 5000 does not)."""
-    values = {"add_node": {"id": 5000, "features": [0.5] * F, "label": 1}, "set_features": {"id": 1, "features": [1.0] * F},
-              "add_edge": {"src": 1, "dst": 2}, "remove_edge": {"src": 1, "dst": NEIGHBOUR}, "remove_node": {"id": 2}}
+    values = {
+        "add_node": {"id": 5000, "features": [0.5] * F, "label": 1},
+        "set_features": {"id": 1, "features": [1.0] * F},
+        "add_edge": {"src": 1, "dst": 2},
+        "remove_edge": {"src": 1, "dst": NEIGHBOUR},
+        "remove_node": {"id": 2},
+    }
     return {"op": spec.name, **values[spec.name]}
 
 
@@ -67,8 +72,9 @@ def test_the_edge_check_and_the_validator_refuse_the_same_missing_fields(spec):
 def test_grpc_carries_each_op_as_http_does(spec):
     op = example(spec)
     body = {k: v for k, v in op.items() if k != "op"}
-    message = pb.UpdateGraphRequest(ops=[pb.GraphOp(**{spec.name: getattr(pb, type(
-        getattr(pb.GraphOp(), spec.name)).__name__)(**body)})])
+    message = pb.UpdateGraphRequest(
+        ops=[pb.GraphOp(**{spec.name: getattr(pb, type(getattr(pb.GraphOp(), spec.name)).__name__)(**body)})]
+    )
     assert ops_from_proto(message) == [op]
     if "label" in body:  # a multilabel node's tags
         tags = pb.UpdateGraphRequest(ops=[pb.GraphOp(add_node=pb.AddNode(id=5000, features=[0.5], labels=[0, 2]))])

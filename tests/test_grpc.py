@@ -25,8 +25,7 @@ from common.errors import ApiError
 from common.settings import load_settings, settings
 from services import grpc_codegen, ratelimit
 from services.access import GatewayAccess
-from services.auth import ApiKeyAuth
-from services.auth import KeyEntry, generate_key, hash_key, write_entries
+from services.auth import ApiKeyAuth, KeyEntry, generate_key, hash_key, write_entries
 from services.grpc_server import SERVICE_NAME, pb, pb_grpc, start_grpc_server, status_for
 from services.protocol import NodePrediction, PredictRequest, PredictResponse
 
@@ -46,30 +45,43 @@ class FakeCore:
                 status = node - ERROR_BASE
                 raise ApiError(status, f"fake error {status}", {"Retry-After": "3"} if status in (429, 503) else None)
         if req.routing_key == "degrade":
-            return PredictResponse(model=f"{req.model}:v1", precision="none", degraded=True,
-                                   degraded_reason="feature runner unavailable: timeout",
-                                   predictions=[NodePrediction(node_id=n, stale=n == 5) for n in req.node_ids])
+            return PredictResponse(
+                model=f"{req.model}:v1",
+                precision="none",
+                degraded=True,
+                degraded_reason="feature runner unavailable: timeout",
+                predictions=[NodePrediction(node_id=n, stale=n == 5) for n in req.node_ids],
+            )
         preds = []
         for n in req.node_ids:
             probs = [0.25, 0.75] if n % 2 else [0.5, 0.5]
             multilabel = req.model == "tags"
-            preds.append(NodePrediction(
-                node_id=n, label=None if multilabel else n % 2, labels=[1] if multilabel else None,
-                score=probs[1], probabilities=probs,
-                embedding=[float(n), -1.5] if req.embedding else None))
+            preds.append(
+                NodePrediction(
+                    node_id=n,
+                    label=None if multilabel else n % 2,
+                    labels=[1] if multilabel else None,
+                    score=probs[1],
+                    probabilities=probs,
+                    embedding=[float(n), -1.5] if req.embedding else None,
+                )
+            )
         return PredictResponse(model=f"{req.model}:{req.version or 'v1'}", precision="int8", predictions=preds)
 
     async def models(self) -> dict[str, Any]:
-        return {"routing": {"default_model": "graphsage", "models": {}},
-                "model_runner": {"loaded": [{"tag": "graphsage:v1"}, {"tag": "graphsage:v2"}]},
-                "feature_runner": {"error": "unavailable: ConnectError"}}
+        return {
+            "routing": {"default_model": "graphsage", "models": {}},
+            "model_runner": {"loaded": [{"tag": "graphsage:v1"}, {"tag": "graphsage:v2"}]},
+            "feature_runner": {"error": "unavailable: ConnectError"},
+        }
 
 
 def access_from_settings() -> GatewayAccess:
     """What the gateway builds from its settings: the key file's auth, the configured rate limit."""
     cfg = load_settings()
-    return GatewayAccess(lambda: (ApiKeyAuth.from_settings(cfg.access), ratelimit.build_rate_limiter(cfg.access,
-                                                                                                    cfg.redis)))
+    return GatewayAccess(
+        lambda: (ApiKeyAuth.from_settings(cfg.access), ratelimit.build_rate_limiter(cfg.access, cfg.redis))
+    )
 
 
 class ServerThread:
@@ -77,8 +89,12 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        limits = {"host": "127.0.0.1", "max_receive_bytes": load_settings().max_body_bytes,
-                  "max_concurrent_rpcs": 64, **kw}
+        limits = {
+            "host": "127.0.0.1",
+            "max_receive_bytes": load_settings().max_body_bytes,
+            "max_concurrent_rpcs": 64,
+            **kw,
+        }
         port = limits.pop("port", 0)
         self.server = self.call(start_grpc_server(core, access_from_settings(), port, **limits))
         self.port = self.server.bound_port if self.server is not None else None
@@ -171,11 +187,18 @@ def test_optional_fields_absent_vs_present(serve, channel_to):
     assert (absent.version, absent.routing_key, absent.seed, absent.fanout) == (None, None, None, None)
     assert absent.model == "graphsage" and absent.embedding is False
 
-    reply = stub.Predict(pb.PredictRequest(node_ids=[1], model="m", version="v7", fanout=[5, 2],
-                                           routing_key="", seed=0), timeout=5)
+    reply = stub.Predict(
+        pb.PredictRequest(node_ids=[1], model="m", version="v7", fanout=[5, 2], routing_key="", seed=0), timeout=5
+    )
     present = gw.requests[-1]
     # seed 0 and routing key "" are present values, not "absent".
-    assert (present.model, present.version, present.routing_key, present.seed, present.fanout) == ("m", "v7", "", 0, [5, 2])
+    assert (present.model, present.version, present.routing_key, present.seed, present.fanout) == (
+        "m",
+        "v7",
+        "",
+        0,
+        [5, 2],
+    )
     assert reply.model == "m:v7"
     assert list(reply.predictions[0].embedding) == []  # not asked for
 
@@ -185,17 +208,22 @@ def test_optional_fields_absent_vs_present(serve, channel_to):
     deg = stub.Predict(pb.PredictRequest(node_ids=[4, 5], routing_key="degrade"), timeout=5)
     assert deg.degraded and deg.degraded_reason.startswith("feature runner unavailable") and deg.precision == "none"
     assert [(p.HasField("label"), p.HasField("score"), p.stale) for p in deg.predictions] == [
-        (False, False, False), (False, False, True)]
+        (False, False, False),
+        (False, False, True),
+    ]
 
 
-@pytest.mark.parametrize("request_kw, fragment", [
-    ({"node_ids": []}, "node_ids"),
-    ({"node_ids": [1, -2]}, "node_ids.1"),
-    ({"node_ids": [1], "seed": 2**63}, "seed"),
-    ({"node_ids": [1], "version": ""}, "version"),
-    ({"node_ids": [1], "model": "bad name!"}, "model"),
-    ({"node_ids": [1], "fanout": [0]}, "fanout"),
-])
+@pytest.mark.parametrize(
+    "request_kw, fragment",
+    [
+        ({"node_ids": []}, "node_ids"),
+        ({"node_ids": [1, -2]}, "node_ids.1"),
+        ({"node_ids": [1], "seed": 2**63}, "seed"),
+        ({"node_ids": [1], "version": ""}, "version"),
+        ({"node_ids": [1], "model": "bad name!"}, "model"),
+        ({"node_ids": [1], "fanout": [0]}, "fanout"),
+    ],
+)
 def test_invalid_fields_are_invalid_argument(serve, channel_to, request_kw, fragment):
     gw = FakeCore()
     st = serve(gw)
@@ -205,17 +233,20 @@ def test_invalid_fields_are_invalid_argument(serve, channel_to, request_kw, frag
     assert gw.requests == []  # never reached the core
 
 
-@pytest.mark.parametrize("status, code", [
-    (400, grpc.StatusCode.INVALID_ARGUMENT),
-    (422, grpc.StatusCode.INVALID_ARGUMENT),
-    (413, grpc.StatusCode.INVALID_ARGUMENT),
-    (404, grpc.StatusCode.NOT_FOUND),
-    (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (503, grpc.StatusCode.UNAVAILABLE),
-    (502, grpc.StatusCode.UNAVAILABLE),
-    (504, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (500, grpc.StatusCode.INTERNAL),
-])
+@pytest.mark.parametrize(
+    "status, code",
+    [
+        (400, grpc.StatusCode.INVALID_ARGUMENT),
+        (422, grpc.StatusCode.INVALID_ARGUMENT),
+        (413, grpc.StatusCode.INVALID_ARGUMENT),
+        (404, grpc.StatusCode.NOT_FOUND),
+        (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (503, grpc.StatusCode.UNAVAILABLE),
+        (502, grpc.StatusCode.UNAVAILABLE),
+        (504, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (500, grpc.StatusCode.INTERNAL),
+    ],
+)
 def test_api_error_mapping(serve, channel_to, status, code):
     st = serve()
     err = rpc_error(pb_grpc.GraphSAGEStub(channel_to(st)).Predict, pb.PredictRequest(node_ids=[ERROR_BASE + status]))
@@ -274,8 +305,13 @@ def test_oversized_message_rejected_by_grpc(serve, channel_to):
 def keys(env, tmp_path):
     predict_key, admin_key = generate_key(), generate_key()
     path = str(tmp_path / "keys.json")
-    write_entries(path, [KeyEntry("client", hash_key(predict_key), frozenset({"predict"})),
-                         KeyEntry("ops", hash_key(admin_key), frozenset({"admin"}))])
+    write_entries(
+        path,
+        [
+            KeyEntry("client", hash_key(predict_key), frozenset({"predict"})),
+            KeyEntry("ops", hash_key(admin_key), frozenset({"admin"})),
+        ],
+    )
     env.setenv("GSAGE_AUTH_ENABLED", "1")
     env.setenv("GSAGE_API_KEYS_FILE", path)
     return {"predict": predict_key, "admin_only": admin_key}
@@ -289,15 +325,22 @@ def test_auth(serve, channel_to, keys):
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     assert dict(err.trailing_metadata())["www-authenticate"] == "Bearer"
     assert rpc_error(stub.Predict, req, metadata=[("x-api-key", "gsk_wrong")]).code() == grpc.StatusCode.UNAUTHENTICATED
-    assert rpc_error(stub.Predict, req, metadata=[("authorization", "Basic abc")]).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        rpc_error(stub.Predict, req, metadata=[("authorization", "Basic abc")]).code()
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
     err = rpc_error(stub.Predict, req, metadata=[("authorization", f"Bearer {keys['admin_only']}")])
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "predict" in err.details()
     assert keys["admin_only"] not in err.details()
-    assert stub.Predict(req, metadata=[("authorization", f"Bearer {keys['predict']}")], timeout=5).model == "graphsage:v1"
+    assert (
+        stub.Predict(req, metadata=[("authorization", f"Bearer {keys['predict']}")], timeout=5).model == "graphsage:v1"
+    )
     assert stub.Predict(req, metadata=[("x-api-key", keys["predict"])], timeout=5).model == "graphsage:v1"
     # A credential sent twice is refused whatever the order (a wrong one before the valid one included).
-    for name, good, bad in (("authorization", f"Bearer {keys['predict']}", "Bearer gsk_wrong"),
-                            ("x-api-key", keys["predict"], "gsk_wrong")):
+    for name, good, bad in (
+        ("authorization", f"Bearer {keys['predict']}", "Bearer gsk_wrong"),
+        ("x-api-key", keys["predict"], "gsk_wrong"),
+    ):
         for pair in ((bad, good), (good, bad), (good, good)):
             err = rpc_error(stub.Predict, req, metadata=[(name, pair[0]), (name, pair[1])])
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "sent 2 times" in err.details(), name
@@ -353,8 +396,10 @@ def test_health_serving(serve, channel_to):
 def test_reflection_lists_the_service(serve, channel_to):
     st = serve()
     stub = reflection_pb2_grpc.ServerReflectionStub(channel_to(st))
-    requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
-                reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE_NAME)]
+    requests = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE_NAME),
+    ]
     listed, files = list(stub.ServerReflectionInfo(iter(requests), timeout=5))
     names = {s.name for s in listed.list_services_response.service}
     assert {SERVICE_NAME, "grpc.health.v1.Health"} <= names
@@ -380,8 +425,15 @@ def test_client_helper_and_cli(serve, capsys, keys):
     st = serve()
     out = grpc_client.predict(st.target, [1, 2], api_key=keys["predict"], seed=9, embedding=True)
     assert out["model"] == "graphsage:v1" and out["degraded"] is False
-    assert out["predictions"][0] == {"node_id": 1, "label": 1, "labels": [], "score": 0.75,
-                                     "probabilities": [0.25, 0.75], "embedding": [1.0, -1.5], "stale": False}
+    assert out["predictions"][0] == {
+        "node_id": 1,
+        "label": 1,
+        "labels": [],
+        "score": 0.75,
+        "probabilities": [0.25, 0.75],
+        "embedding": [1.0, -1.5],
+        "stale": False,
+    }
     assert grpc_client.main(["--target", st.target, "--node-ids", "1,2,3", "--api-key", keys["predict"]]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [p["node_id"] for p in printed["predictions"]] == [1, 2, 3]
@@ -424,8 +476,9 @@ class FakeFeaturePipeline:
         if batch.min_sequence > len(self.ops):
             raise NotAppliedYet(f"graph update {batch.min_sequence} is not applied here yet")
         probs = np.stack([np.full(batch.node_ids.size, 0.25), np.full(batch.node_ids.size, 0.75)], 1)
-        return wire.Packed.of({"probs": probs.astype(np.float32)}, {"model": batch.model, "precision": "fp32",
-                                                                     "task": "multiclass"})
+        return wire.Packed.of(
+            {"probs": probs.astype(np.float32)}, {"model": batch.model, "precision": "fp32", "task": "multiclass"}
+        )
 
     async def graph_update(self, ops):
         from common.graph_ops import GraphUpdateAck
@@ -454,10 +507,15 @@ def real_core():
     model = ModelRunnerApi(LocalTransport("GraphSAGERunner", object()))
     routing = RoutingTable.in_memory("graphsage:v1")
     prediction = PredictionCore(routing, feature.predict, CircuitBreaker("f"), CircuitBreaker("m"), timeout_s=5.0)
-    admin = Admin(routing, ShadowCanary(routing.shadow_for, feature.predict), feature, model,
-                  compaction_timeout_s=5.0, describe_timeout_s=5.0)
-    return GatewayCore(prediction, GraphUpdates(feature, 5.0, 5.0), admin, max_nodes_per_request=8,
-                       explain_max_nodes=2)
+    admin = Admin(
+        routing,
+        ShadowCanary(routing.shadow_for, feature.predict),
+        feature,
+        model,
+        compaction_timeout_s=5.0,
+        describe_timeout_s=5.0,
+    )
+    return GatewayCore(prediction, GraphUpdates(feature, 5.0, 5.0), admin, max_nodes_per_request=8, explain_max_nodes=2)
 
 
 def test_grpc_over_the_real_core(serve, channel_to):

@@ -25,8 +25,9 @@ class FakeService:
 def test_a_start_that_fails_stops_what_it_started(tmp_path, failing):
     app = SplitApp(str(tmp_path))
     events: list[str] = []
-    app.model, app.feature, app.gateway = (FakeService(n, events, fails=n == failing)
-                                           for n in ("GraphSAGERunner", "FeatureRunner", "Gateway"))
+    app.model, app.feature, app.gateway = (
+        FakeService(n, events, fails=n == failing) for n in ("GraphSAGERunner", "FeatureRunner", "Gateway")
+    )
     with pytest.raises(RuntimeError, match=failing):
         app.start()
     order = ["GraphSAGERunner", "FeatureRunner", "Gateway"]

@@ -34,8 +34,12 @@ def run(app, headers, path="/predict", method="POST", body=b'{"node_ids": [1]}')
         sent.append(message)
 
     access = GatewayAccess.of(ApiKeyAuth([KeyEntry("k", hash_key(KEY), SCOPES)]), LocalRateLimiter(0, 1))
-    scope = {"type": "http", "method": method, "path": path,
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+    }
     asyncio.run(HttpGuard(app, access, max_body_bytes=1 << 20)(scope, receive, send))
     start, out = sent
     return start, out["body"]
@@ -94,15 +98,17 @@ def test_the_projects_errors_pass_untouched_and_bentomls_own_get_the_one_shape()
         async def app(scope, receive, send):
             await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
             await send({"type": "http.response.body", "body": body})
+
         return app
 
     start, body = run(raising, [JSON_TYPE, ("X-API-Key", KEY)])
     assert (start["status"], dict(start["headers"])[b"retry-after"]) == (503, b"3")
     assert ErrorBody.model_validate_json(body) == own.to_body()
-    for app, status, message, kind in ((foreign(503, b"Service Busy"), 503, "Service Busy", "unavailable"),
-                                       (foreign(404, b"Not Found"), 404, "Not Found", "not_found"),
-                                       (foreign(400, b'{"error": "bad thing"}', b"application/json"), 400, "bad thing",
-                                        "invalid_request")):
+    for app, status, message, kind in (
+        (foreign(503, b"Service Busy"), 503, "Service Busy", "unavailable"),
+        (foreign(404, b"Not Found"), 404, "Not Found", "not_found"),
+        (foreign(400, b'{"error": "bad thing"}', b"application/json"), 400, "bad thing", "invalid_request"),
+    ):
         start, body = run(app, [JSON_TYPE, ("X-API-Key", KEY)])
         doc = ErrorBody.model_validate_json(body)
         assert (start["status"], doc.status, doc.error, doc.type) == (status, status, message, kind)

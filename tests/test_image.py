@@ -31,8 +31,16 @@ import pytest
 from bentos.image import DEFAULT_IMAGE, human, image_env, image_exists, image_size
 from harness.app import ROOT, free_port, run_export
 from harness.attacks import app_targets, marker_exists, send_pickles
-from harness.containers import (Containers, ContainerSpec, k8s_docs, k8s_object, podman_available, rewrite_depends,
-                                replace_arg, spec_from_k8s)
+from harness.containers import (
+    Containers,
+    ContainerSpec,
+    k8s_docs,
+    k8s_object,
+    podman_available,
+    replace_arg,
+    rewrite_depends,
+    spec_from_k8s,
+)
 from tests.conftest import wait_for
 
 IMAGE = os.environ.get("GRAPHSAGE_TEST_IMAGE", DEFAULT_IMAGE)
@@ -71,7 +79,6 @@ def _dir(root: Path, name: str) -> Path:
     return _own(d, 0o750)
 
 
-
 def _loopback(spec: ContainerSpec, port: int, depends: dict[str, str]) -> ContainerSpec:
     """The manifest's args on one host: its own loopback port, dependencies by loopback URL."""
     args = replace_arg(spec.args, "--host", LOOPBACK)
@@ -84,8 +91,11 @@ def _unmounted_files(spec: ContainerSpec) -> list[str]:
     path no volume of the container mounts: such a pod would stop at start ("... is not a
     readable file")."""
     mounted = [m.target.rstrip("/") + "/" for m in spec.mounts]
-    return [f"{spec.name}: {k}={v}" for k, v in spec.env.items()
-            if k.startswith("GSAGE_") and k.endswith("_FILE") and v and not any(v.startswith(m) for m in mounted)]
+    return [
+        f"{spec.name}: {k}={v}"
+        for k, v in spec.env.items()
+        if k.startswith("GSAGE_") and k.endswith("_FILE") and v and not any(v.startswith(m) for m in mounted)
+    ]
 
 
 @pytest.mark.integration
@@ -127,8 +137,16 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
 
     with RedisCluster3(str(tmp_path / "redis")) as redis, Containers(tmp_path / "containers") as pods:
         # 1. The store seeded from the image by the runners' init container (model-store.yaml).
-        seeder = pods.run(spec_from_k8s(docs, "feature-runner", name=f"gsage-seed-{os.getpid()}", image=IMAGE,
-                                        init="seed-models", volumes={"models": str(store), "seed-script": str(seed)}))
+        seeder = pods.run(
+            spec_from_k8s(
+                docs,
+                "feature-runner",
+                name=f"gsage-seed-{os.getpid()}",
+                image=IMAGE,
+                init="seed-models",
+                volumes={"models": str(store), "seed-script": str(seed)},
+            )
+        )
         state = seeder.wait_exit(120)
         assert state["exit_code"] == 0, seeder.logs()
         assert f"seeded {v1}" in seeder.logs(), seeder.logs()
@@ -137,31 +155,43 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
 
         # 2. The three services, each as its manifest starts it, on loopback ports.
         ports = {"model": free_port(), "feature": free_port(), "gateway": free_port(), "grpc": free_port()}
-        urls = {"GraphSAGERunner": f"http://{LOOPBACK}:{ports['model']}",
-                "FeatureRunner": f"http://{LOOPBACK}:{ports['feature']}"}
+        urls = {
+            "GraphSAGERunner": f"http://{LOOPBACK}:{ports['model']}",
+            "FeatureRunner": f"http://{LOOPBACK}:{ports['feature']}",
+        }
         gateway_url = f"http://{LOOPBACK}:{ports['gateway']}"
         # The update log on this test's cluster (empty: GSAGE_REDIS_URL's): the manifests' redis-log
         # is not started here (the FeatureRunner warns that this cluster keeps nothing).
         here = {"GSAGE_REDIS_URL": redis.url, "GSAGE_GRAPH_LOG_REDIS_URL": "", "GSAGE_GRPC_PORT": str(ports["grpc"])}
-        shared = {"models": str(store), "service-token": str(token_dir), "routing": str(routing),
-                  "api-keys": str(keys_dir)}
+        shared = {
+            "models": str(store),
+            "service-token": str(token_dir),
+            "routing": str(routing),
+            "api-keys": str(keys_dir),
+        }
 
         def volumes(pod: str) -> dict[str, str | None]:
             """The shared volumes and the pod's own emptyDirs (directories on the node's disk, as
             emptyDirs are: kept across a restart of the container)."""
-            return {**shared, "tmp": str(_dir(tmp_path / pod, "tmp")),
-                    "bentoml-home": str(_dir(tmp_path / pod, "bentoml-home"))}
+            return {
+                **shared,
+                "tmp": str(_dir(tmp_path / pod, "tmp")),
+                "bentoml-home": str(_dir(tmp_path / pod, "bentoml-home")),
+            }
 
-        model = spec_from_k8s(docs, "graphsage-runner", name=f"gsage-model-{os.getpid()}", image=IMAGE,
-                              volumes=volumes("model"))
+        model = spec_from_k8s(
+            docs, "graphsage-runner", name=f"gsage-model-{os.getpid()}", image=IMAGE, volumes=volumes("model")
+        )
         assert model.env["GSAGE_BACKEND"] == "onnx-cuda"
         # The manifest's CPU-cluster form (its header): the CPU image, ONNX Runtime on the CPU.
         model.env.update(here, GSAGE_BACKEND="onnx")
-        feature = spec_from_k8s(docs, "feature-runner", name=f"gsage-feature-{os.getpid()}", image=IMAGE,
-                                volumes=volumes("feature"))
+        feature = spec_from_k8s(
+            docs, "feature-runner", name=f"gsage-feature-{os.getpid()}", image=IMAGE, volumes=volumes("feature")
+        )
         feature.env.update(here)
-        gateway = spec_from_k8s(docs, "gateway", name=f"gsage-gateway-{os.getpid()}", image=IMAGE,
-                                volumes=volumes("gateway"))
+        gateway = spec_from_k8s(
+            docs, "gateway", name=f"gsage-gateway-{os.getpid()}", image=IMAGE, volumes=volumes("gateway")
+        )
         # Auth is on, so the gateway would bind every interface: loopback only here.
         gateway.env.update(here, GSAGE_HOST=LOOPBACK)
         assert json.loads(feature.env["BENTOML_CONFIG_OVERRIDES"])["services"]["FeatureRunner"]["workers"] == 2
@@ -174,8 +204,11 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
             assert spec.env["GSAGE_SERVICE_TOKENS_FILE"] == f"/var/run/secrets/graphsage/service-token/{TOKEN_FILE}"
         cold: dict[str, float] = {}
         running = {}
-        for spec, port, name in ((model, ports["model"], "GraphSAGERunner"),
-                                 (feature, ports["feature"], "FeatureRunner"), (gateway, ports["gateway"], "Gateway")):
+        for spec, port, name in (
+            (model, ports["model"], "GraphSAGERunner"),
+            (feature, ports["feature"], "FeatureRunner"),
+            (gateway, ports["gateway"], "Gateway"),
+        ):
             running[name] = pods.run(_loopback(spec, port, urls))
             cold[name] = round(running[name].wait_ready(f"http://{LOOPBACK}:{port}", READY_TIMEOUT_S), 1)
         feature_c, gateway_c = running["FeatureRunner"], running["Gateway"]
@@ -193,8 +226,15 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         g = grpc_predict(f"{LOOPBACK}:{ports['grpc']}", ids, api_key=key, seed=5)
         assert g["model"] == v1
         assert [p["label"] for p in g["predictions"]] == [p["label"] for p in body["predictions"]]
-        assert httpx.post(urls["FeatureRunner"] + "/predict", content=b"{}", timeout=10,
-                          headers={"content-type": "application/json"}).status_code == 401
+        assert (
+            httpx.post(
+                urls["FeatureRunner"] + "/predict",
+                content=b"{}",
+                timeout=10,
+                headers={"content-type": "application/json"},
+            ).status_code
+            == 401
+        )
         info = client.get(gateway_url + "/models").json()
         assert info["feature_runner"]["graph_snapshot"] == snapshot, info
 
@@ -202,8 +242,9 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         # every route of the three containers, its media type and the credentials spelt every way
         # (harness.attacks): only 4xx, and no container's /tmp (a host directory here) has the file.
         token = (token_dir / TOKEN_FILE).read_text().strip()
-        attack = send_pickles(app_targets(urls["GraphSAGERunner"], urls["FeatureRunner"], gateway_url, token, key),
-                              "/tmp/pickle-ran")
+        attack = send_pickles(
+            app_targets(urls["GraphSAGERunner"], urls["FeatureRunner"], gateway_url, token, key), "/tmp/pickle-ran"
+        )
         assert not marker_exists(*(tmp_path / pod / "tmp" / "pickle-ran" for pod in ("model", "feature", "gateway")))
         assert not attack.not_4xx, attack.not_4xx[:10]
         report["pickle_attack"] = {"sent": attack.sent, "statuses": dict(sorted(attack.statuses.items()))}
@@ -214,17 +255,40 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         train_home = tmp_path / "train-home"
         name, version = snapshot.split(":")
         shutil.copytree(store / "models" / name / version, train_home / "models" / name / version)
-        v2 = run_export(str(train_home), "train", "--snapshot", snapshot, "--aggregator", "pool", "--epochs", "1",
-                        "--hidden", "32", "--max-train-nodes", "2000")["graphsage"]
+        v2 = run_export(
+            str(train_home),
+            "train",
+            "--snapshot",
+            snapshot,
+            "--aggregator",
+            "pool",
+            "--epochs",
+            "1",
+            "--hidden",
+            "32",
+            "--max-train-nodes",
+            "2000",
+        )["graphsage"]
         bentomodel = incoming / "graphsage-v2.bentomodel"  # = kubectl cp into /store-home/incoming
-        out = subprocess.run([sys.executable, "-m", "bentoml", "models", "export", v2, str(bentomodel)],
-                             env={**os.environ, "BENTOML_HOME": str(train_home), "BENTOML_DO_NOT_TRACK": "true"},
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "bentoml", "models", "export", v2, str(bentomodel)],
+            env={**os.environ, "BENTOML_HOME": str(train_home), "BENTOML_DO_NOT_TRACK": "true"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         _own(bentomodel, 0o444)
-        admin = pods.run(spec_from_k8s(docs, "graphsage-model-admin", kind="Job", name=f"gsage-admin-{os.getpid()}",
-                                       image=IMAGE, volumes={"home": None, "models": str(store),
-                                                             "incoming": str(incoming), "tmp": None}))
+        admin = pods.run(
+            spec_from_k8s(
+                docs,
+                "graphsage-model-admin",
+                kind="Job",
+                name=f"gsage-admin-{os.getpid()}",
+                image=IMAGE,
+                volumes={"home": None, "models": str(store), "incoming": str(incoming), "tmp": None},
+            )
+        )
         wait_for(lambda: admin.exec("test", "-d", "/store-home/incoming").returncode == 0, 60)
         out = admin.exec("bentoml", "models", "import", f"/store-home/incoming/{bentomodel.name}", timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -236,14 +300,23 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
 
         # 5. Canary weights moved on the routing file (the ConfigMap flow): 50/50, then all to v2.
         def routing_cli(*args: str) -> None:
-            out = subprocess.run([sys.executable, "-m", "services.routing", "--file", str(routes), *args], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "services.routing", "--file", str(routes), *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0, out.stderr
             os.chmod(routes, 0o444)
 
         def served(n: int = 24) -> collections.Counter:
-            return collections.Counter(client.post(gateway_url + "/predict", json={
-                "node_ids": [i], "routing_key": f"user-{i}"}).json()["model"] for i in range(n))
+            return collections.Counter(
+                client.post(gateway_url + "/predict", json={"node_ids": [i], "routing_key": f"user-{i}"}).json()[
+                    "model"
+                ]
+                for i in range(n)
+            )
 
         routing_cli("set-weights", "graphsage", f"{v1}=50", f"{v2}=50")
         mixed = wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served()), 30)
@@ -264,14 +337,16 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         assert r.json()["degraded"] is True and [p["node_id"] for p in r.json()["predictions"]] == warm, r.json()
         feature_c.start()
         report["feature_runner_restart_s"] = round(feature_c.wait_ready(urls["FeatureRunner"], READY_TIMEOUT_S), 1)
-        assert wait_for(lambda: client.post(gateway_url + "/predict", json={"node_ids": warm}).json()["degraded"]
-                         is False, 30), "still degraded after the FeatureRunner came back"
+        assert wait_for(
+            lambda: client.post(gateway_url + "/predict", json={"node_ids": warm}).json()["degraded"] is False, 30
+        ), "still degraded after the FeatureRunner came back"
         r = client.post(gateway_url + "/predict", json={"node_ids": ids})
         assert r.status_code == 200 and r.json()["degraded"] is False and r.json()["model"] == v2, r.text
 
         # 7. The serving image has no torch: the torch backend refuses to start, and says why.
-        torch_spec = spec_from_k8s(docs, "graphsage-runner", name=f"gsage-torch-{os.getpid()}", image=IMAGE,
-                                   volumes=volumes("torch"))
+        torch_spec = spec_from_k8s(
+            docs, "graphsage-runner", name=f"gsage-torch-{os.getpid()}", image=IMAGE, volumes=volumes("torch")
+        )
         torch_spec.env.update(here, GSAGE_BACKEND="torch")
         torch_c = pods.run(_loopback(torch_spec, free_port(), urls))
         state = torch_c.wait_exit(120)
@@ -312,7 +387,7 @@ def test_the_torch_image_is_the_serving_one_plus_torch():
 
     serving, torch = load_bentofile(BENTOFILE), load_bentofile(TORCH_BENTOFILE)
     assert "extends" not in torch and torch["name"] == "graphsage-serving-torch"
-    assert torch["python"]["packages"][:len(serving["python"]["packages"])] == serving["python"]["packages"]
+    assert torch["python"]["packages"][: len(serving["python"]["packages"])] == serving["python"]["packages"]
     assert _names(torch["python"]["packages"]) - _names(serving["python"]["packages"]) == set(TORCH_PACKAGES)
     assert "torch==2.13.0" in torch["python"]["packages"]
     assert torch["python"]["extra_index_url"] == ["https://download.pytorch.org/whl/cpu"]
@@ -348,9 +423,18 @@ def test_containers_start_as_the_manifests_say(tmp_path):
     from harness.containers import machine_ulimits, run_options
 
     docs = k8s_docs(K8S_DIR)
-    spec = spec_from_k8s(docs, "feature-runner", name="x", image="img", volumes={
-        "models": str(tmp_path / "store"), "service-token": str(tmp_path / "tok"), "tmp": None,
-        "bentoml-home": str(tmp_path / "home")})
+    spec = spec_from_k8s(
+        docs,
+        "feature-runner",
+        name="x",
+        image="img",
+        volumes={
+            "models": str(tmp_path / "store"),
+            "service-token": str(tmp_path / "tok"),
+            "tmp": None,
+            "bentoml-home": str(tmp_path / "home"),
+        },
+    )
     assert spec.args[:3] == ["start-http-server", "--service-name", "FeatureRunner"]
     assert spec.env["GSAGE_REDIS_URL"].startswith("redis+cluster://")  # the ConfigMap, through envFrom
     assert spec.env["NUMBA_CACHE_DIR"] == "/tmp/numba-cache"  # the container's own env
@@ -364,7 +448,7 @@ def test_containers_start_as_the_manifests_say(tmp_path):
     assert args[args.index("--depends") + 1] == "GraphSAGERunner=http://127.0.0.1:1234"
     run = spec.run_args(str(tmp_path / "cid"))
     assert run[:4] == ["run", "--detach", "--cidfile", str(tmp_path / "cid")]
-    assert run[-len(args) - 1:] == ["img", *args]
+    assert run[-len(args) - 1 :] == ["img", *args]
     opts = run_options()
     assert opts[:4] == ["--runtime", "runc", "--network", "host"]
     for flag, res in zip(machine_ulimits()[1::2], (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC)):

@@ -182,57 +182,107 @@ def _bad(tmp_path, files, case):
     cases = {
         "missing file": lambda: ({"edges": str(t / "nope.csv")}, "nope.csv", "file not found"),
         "unknown extension": lambda: (
-            {"edges": write_csv(t / "e.txt", "src,dst", [[0, 1]])}, "e.txt", "unsupported extension '.txt'"),
+            {"edges": write_csv(t / "e.txt", "src,dst", [[0, 1]])},
+            "e.txt",
+            "unsupported extension '.txt'",
+        ),
         "missing column": lambda: (
-            {"edges": write_csv(t / "e.csv", "src,target", [[0, 1]])}, "e.csv", "missing columns ['dst']"),
+            {"edges": write_csv(t / "e.csv", "src,target", [[0, 1]])},
+            "e.csv",
+            "missing columns ['dst']",
+        ),
         "non-integer ids": lambda: (
-            {"edges": write_csv(t / "e.csv", "src,dst", [[0, 1.5]])}, "e.csv", "'dst' must hold integer ids"),
+            {"edges": write_csv(t / "e.csv", "src,dst", [[0, 1.5]])},
+            "e.csv",
+            "'dst' must hold integer ids",
+        ),
         "id above range": lambda: (
-            {"edges": write_csv(t / "e.csv", "src,dst", [[0, 1], [9, 2]])}, "e.csv", "max 9, but node ids must be in [0, N=6)"),
-        "negative id": lambda: (
-            {"edges": write_npy(t / "e.npy", np.array([[0, -1]]))}, "e.npy", "min -1"),
+            {"edges": write_csv(t / "e.csv", "src,dst", [[0, 1], [9, 2]])},
+            "e.csv",
+            "max 9, but node ids must be in [0, N=6)",
+        ),
+        "negative id": lambda: ({"edges": write_npy(t / "e.npy", np.array([[0, -1]]))}, "e.npy", "min -1"),
         "edge npy shape": lambda: (
-            {"edges": write_npy(t / "e.npy", np.zeros((2, 3), np.int64))}, "e.npy", "shape [E, 2], got (2, 3)"),
+            {"edges": write_npy(t / "e.npy", np.zeros((2, 3), np.int64))},
+            "e.npy",
+            "shape [E, 2], got (2, 3)",
+        ),
         "float edge npy": lambda: (
-            {"edges": write_npy(t / "e.npy", np.zeros((2, 2)))}, "e.npy", "must hold integers, found dtype float64"),
+            {"edges": write_npy(t / "e.npy", np.zeros((2, 2)))},
+            "e.npy",
+            "must hold integers, found dtype float64",
+        ),
         "features not 2-D": lambda: (
-            {"features": write_npy(t / "f.npy", np.zeros(N, np.float32))}, "f.npy", "2-D array"),
-        "features rows vs num_nodes": lambda: (
-            {"num_nodes": 7}, "feats.npy", "has 6 rows but num_nodes=7"),
+            {"features": write_npy(t / "f.npy", np.zeros(N, np.float32))},
+            "f.npy",
+            "2-D array",
+        ),
+        "features rows vs num_nodes": lambda: ({"num_nodes": 7}, "feats.npy", "has 6 rows but num_nodes=7"),
         "nan features": lambda: (
             {"features": write_npy(t / "f.npy", np.where(np.arange(N * F).reshape(N, F) % 7 == 4, np.nan, 1.0))},
-            "f.npy", "2 NaN or infinite values (first in row 1)"),
+            "f.npy",
+            "2 NaN or infinite values (first in row 1)",
+        ),
         "inf features": lambda: (
             {"features": write_npy(t / "f.npy", np.array([[1.0], [1.0], [1.0], [1.0], [np.inf], [1.0]]))},
-            "f.npy", "1 NaN or infinite values (first in row 4)"),
+            "f.npy",
+            "1 NaN or infinite values (first in row 4)",
+        ),
         "duplicate node_id": lambda: (
             {"features": write_parquet(t / "f.parquet", {"node_id": [0, 1, 2, 2, 4, 5], "x": [1.0] * 6})},
-            "f.parquet", "duplicate node_id values (1 ids, first: 2)"),
+            "f.parquet",
+            "duplicate node_id values (1 ids, first: 2)",
+        ),
         "node_id gap": lambda: (
             {"features": write_parquet(t / "f.parquet", {"node_id": [0, 1, 2, 3, 4, 6], "x": [1.0] * 6})},
-            "f.parquet", "max 6, but node ids must be in [0, N=6)"),
+            "f.parquet",
+            "max 6, but node ids must be in [0, N=6)",
+        ),
         "non-numeric feature column": lambda: (
             {"features": write_parquet(t / "f.parquet", {"x": [1.0] * 6, "name": list("abcdef")})},
-            "f.parquet", "non-numeric feature columns ['name']"),
+            "f.parquet",
+            "non-numeric feature columns ['name']",
+        ),
         "labels wrong length": lambda: (
-            {"labels": write_npy(t / "l.npy", np.zeros(5, np.int64))}, "l.npy", "has 5 rows but the graph has N=6"),
+            {"labels": write_npy(t / "l.npy", np.zeros(5, np.int64))},
+            "l.npy",
+            "has 5 rows but the graph has N=6",
+        ),
         "multiclass labels 2-D": lambda: (
-            {"labels": write_npy(t / "l.npy", np.zeros((N, 2), np.int64))}, "l.npy", "must have shape [N], got (6, 2)"),
+            {"labels": write_npy(t / "l.npy", np.zeros((N, 2), np.int64))},
+            "l.npy",
+            "must have shape [N], got (6, 2)",
+        ),
         "labels table missing column": lambda: (
-            {"labels": write_csv(t / "l.csv", "node_id,class", [[0, 1]])}, "l.csv", "missing columns ['label']"),
+            {"labels": write_csv(t / "l.csv", "node_id,class", [[0, 1]])},
+            "l.csv",
+            "missing columns ['label']",
+        ),
         "labels table incomplete": lambda: (
-            {"labels": write_csv(t / "l.csv", "node_id,label", [[0, 1], [1, 0]])}, "l.csv", "covers 2 of N=6 nodes"),
+            {"labels": write_csv(t / "l.csv", "node_id,label", [[0, 1], [1, 0]])},
+            "l.csv",
+            "covers 2 of N=6 nodes",
+        ),
         "unknown split name": lambda: (
             {"splits": write_csv(t / "s.csv", "node_id,split", [[0, "train"], [1, "training"], [2, "dev"]])},
-            "s.csv", "unknown split names ['dev', 'training']"),
+            "s.csv",
+            "unknown split names ['dev', 'training']",
+        ),
         "npz missing split": lambda: (
-            {"splits": _npz(t / "s.npz", train=np.array([0]), val=np.array([1]))}, "s.npz", "missing arrays ['test']"),
+            {"splits": _npz(t / "s.npz", train=np.array([0]), val=np.array([1]))},
+            "s.npz",
+            "missing arrays ['test']",
+        ),
         "split overlap": lambda: (
             {"splits": _npz(t / "s.npz", train=np.array([0, 1]), val=np.array([1]), test=np.array([2]))},
-            "s.npz", "listed more than once (first: 1)"),
+            "s.npz",
+            "listed more than once (first: 1)",
+        ),
         "split out of range": lambda: (
             {"splits": _npz(t / "s.npz", train=np.array([0]), val=np.array([1]), test=np.array([6]))},
-            "s.npz", "test node ids out of range"),
+            "s.npz",
+            "test node ids out of range",
+        ),
     }
     return cases[case]()
 
@@ -243,11 +293,29 @@ def _npz(path, **arrays) -> str:
 
 
 BAD_CASES = [
-    "missing file", "unknown extension", "missing column", "non-integer ids", "id above range",
-    "negative id", "edge npy shape", "float edge npy", "features not 2-D", "features rows vs num_nodes",
-    "nan features", "inf features", "duplicate node_id", "node_id gap", "non-numeric feature column",
-    "labels wrong length", "multiclass labels 2-D", "labels table missing column", "labels table incomplete",
-    "unknown split name", "npz missing split", "split overlap", "split out of range",
+    "missing file",
+    "unknown extension",
+    "missing column",
+    "non-integer ids",
+    "id above range",
+    "negative id",
+    "edge npy shape",
+    "float edge npy",
+    "features not 2-D",
+    "features rows vs num_nodes",
+    "nan features",
+    "inf features",
+    "duplicate node_id",
+    "node_id gap",
+    "non-numeric feature column",
+    "labels wrong length",
+    "multiclass labels 2-D",
+    "labels table missing column",
+    "labels table incomplete",
+    "unknown split name",
+    "npz missing split",
+    "split overlap",
+    "split out of range",
 ]
 
 

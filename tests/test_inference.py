@@ -20,6 +20,7 @@ import torch
 from common import wire
 from common.batching import AdaptiveBatcher
 from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor, FeatureTensorError, decode, encode
+from runners.feature.sampling import sample_tree
 from runners.feature.tree_layout import compact, premean
 from runners.graphsage.inference import (
     IncompatibleInput,
@@ -30,7 +31,6 @@ from runners.graphsage.inference import (
     run_batch,
 )
 from runners.graphsage.model_config import AGGREGATORS, ModelConfig
-from runners.feature.sampling import sample_tree
 from tests.graphs import small_graph
 from training_export.export import export_and_verify, parity_targets
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
@@ -39,7 +39,7 @@ from training_export.train import TrainSpec, train_graphsage
 TOL = 1e-4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained(aggregator: str) -> tuple[PygGraphSAGE, dict]:
     """A tiny trained model per aggregator, trained once per test session."""
     g = small_graph()
@@ -183,14 +183,23 @@ def test_premean_input_gives_the_full_rows_answer(model_store):
     g = small_graph()
     tag = save("mean")
     hubs = np.argsort(-g.degrees(), kind="stable")
-    full = [feature_tensor(t, f, s)[0] for t, f, s in [(parity_targets(g, 40, seed=2), (25, 10), 1),
-                                                        (hubs[:9], (10, 4), 2), (np.arange(50, 60), (25, 10), 3)]]
+    full = [
+        feature_tensor(t, f, s)[0]
+        for t, f, s in [
+            (parity_targets(g, 40, seed=2), (25, 10), 1),
+            (hubs[:9], (10, 4), 2),
+            (np.arange(50, 60), (25, 10), 3),
+        ]
+    ]
     assert as_premean(full[0]).last_rows.size < (full[0].index[1] >= 0).sum()  # repeated hop-1 nodes merged
     for backend in ("onnx", "torch"):
         registry = ModelRegistry(backend)
         assert registry.load(tag).input_layouts == [LAYOUT, PREMEAN]
         want = run_batch(registry, [loaded_item(registry, tag, ft, want_embedding=True) for ft in full])
-        mixed = [loaded_item(registry, tag, as_premean(ft) if i != 1 else ft, want_embedding=True) for i, ft in enumerate(full)]
+        mixed = [
+            loaded_item(registry, tag, as_premean(ft) if i != 1 else ft, want_embedding=True)
+            for i, ft in enumerate(full)
+        ]
         for items in ([loaded_item(registry, tag, as_premean(ft), want_embedding=True) for ft in full], mixed):
             for got, w in zip(run_batch(registry, items), want):
                 np.testing.assert_allclose(got["logits"], w["logits"], atol=1e-5)
@@ -212,8 +221,9 @@ def test_mixed_version_batch_is_split_by_version(model_store):
     v_mean, v_pool = save("mean"), save("pool")
     registry = ModelRegistry("onnx")
     items, trees, versions = [], [], []
-    for n, (version, aggregator) in enumerate([(v_mean, "mean"), (v_pool, "pool"), (v_pool, "pool"),
-                                              (v_mean, "mean"), (v_pool, "pool")]):
+    for n, (version, aggregator) in enumerate(
+        [(v_mean, "mean"), (v_pool, "pool"), (v_pool, "pool"), (v_mean, "mean"), (v_pool, "pool")]
+    ):
         ft, tree = feature_tensor(np.arange(n * 7, n * 7 + n + 1), seed=n)
         items.append(loaded_item(registry, version, ft))
         trees.append(tree)
@@ -340,8 +350,9 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
             changed.set()
             return await loop.run_in_executor(compute, run_batch, registry, items)
 
-        batcher = AdaptiveBatcher(forward, max_batch_size=64, max_delay_s=0.001,
-                                  size_of=lambda item: item.tensor.num_targets)
+        batcher = AdaptiveBatcher(
+            forward, max_batch_size=64, max_delay_s=0.001, size_of=lambda item: item.tensor.num_targets
+        )
         state = {"v2_share": 0.0}
         inflight: Counter[str] = Counter()
         stop = asyncio.Event()
@@ -357,7 +368,7 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
                     check_compatible(loaded, requests[n])
                     result = await batcher.submit(InferenceItem(loaded.artifacts.tag, requests[n], loaded=loaded))
                     answers.append((n, tag, result))
-                except BaseException as exc:  # noqa: BLE001 - every failure is collected
+                except BaseException as exc:
                     errors.append(exc)
                 finally:
                     inflight[tag] -= 1
@@ -369,6 +380,7 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
 
         async def until(done) -> None:
             """Until the traffic makes ``done()`` true; a failed request ends the test at once."""
+
             async def wait() -> None:
                 while not (done() or errors):
                     changed.clear()
@@ -410,8 +422,11 @@ def test_hot_load_and_unload_while_requests_flow(model_store):
     assert any(len(vs) == 2 for vs in batch_versions), "no batch ever mixed the two versions"
     # every answer is its own version's answer (checked against a fresh registry, item alone)
     reference = ModelRegistry("onnx")
-    expected = {(n, tag): run_batch(reference, [loaded_item(reference, tag, requests[n])])[0]["logits"]
-                for n in range(len(requests)) for tag in (v1, v2)}
+    expected = {
+        (n, tag): run_batch(reference, [loaded_item(reference, tag, requests[n])])[0]["logits"]
+        for n in range(len(requests))
+        for tag in (v1, v2)
+    }
     for n, tag, result in answers:
         assert result["model"] == tag
         np.testing.assert_allclose(result["logits"], expected[(n, tag)], atol=1e-5)

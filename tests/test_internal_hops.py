@@ -18,7 +18,7 @@ import pytest
 
 from harness.app import Service, free_port
 from harness.attacks import app_targets, marker_exists, send_pickles, service_routes
-from services.auth import KeyEntry, SCOPES, generate_key, hash_key, write_entries
+from services.auth import SCOPES, KeyEntry, generate_key, hash_key, write_entries
 from tests.conftest import private_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,18 +45,33 @@ def runners(demo_store, tmp_path_factory):
     token_file = root / "tokens"
     token_file.write_text(f"{OLD}\n{NEW}\n")
     # Its own store: the fuzzer reaches the FeatureRunner's graph_compact, which saves a snapshot.
-    base = {**os.environ, "BENTOML_HOME": private_store(demo_store, root), "BENTOML_DO_NOT_TRACK": "true",
-            "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0"}
+    base = {
+        **os.environ,
+        "BENTOML_HOME": private_store(demo_store, root),
+        "BENTOML_DO_NOT_TRACK": "true",
+        "GSAGE_MODEL_TAGS": demo_store.v1,
+        "GSAGE_GRPC_PORT": "0",
+    }
     base.pop("GSAGE_SERVICE_TOKENS", None)
-    model = Service("GraphSAGERunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS_FILE": str(token_file)},
-                    log_dir=str(root))
-    feature = Service("FeatureRunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
-                      depends={"GraphSAGERunner": model.url}, log_dir=str(root))
+    model = Service(
+        "GraphSAGERunner", free_port(), {**base, "GSAGE_SERVICE_TOKENS_FILE": str(token_file)}, log_dir=str(root)
+    )
+    feature = Service(
+        "FeatureRunner",
+        free_port(),
+        {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}"},
+        depends={"GraphSAGERunner": model.url},
+        log_dir=str(root),
+    )
     keys = root / "keys.json"
     write_entries(str(keys), [KeyEntry("attacker-with-a-key", hash_key(API_KEY), SCOPES)])
-    gateway = Service("Gateway", free_port(), {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}",
-                                               "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(keys)},
-                      depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url}, log_dir=str(root))
+    gateway = Service(
+        "Gateway",
+        free_port(),
+        {**base, "GSAGE_SERVICE_TOKENS": f"{OLD},{NEW}", "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(keys)},
+        depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url},
+        log_dir=str(root),
+    )
     started = []
     try:
         for svc in (model, feature, gateway):
@@ -89,8 +104,9 @@ def test_a_single_pickle_type_is_refused_with_415_with_or_without_a_token(runner
     for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner")):
         for route in runner_routes(name):
             for headers in ({}, bearer(OLD)):
-                r = httpx.post(runners[key].url + route, content=body, headers={"Content-Type": PICKLE, **headers},
-                               timeout=10)
+                r = httpx.post(
+                    runners[key].url + route, content=body, headers={"Content-Type": PICKLE, **headers}, timeout=10
+                )
                 assert r.status_code == 415 and "vnd.bentoml+pickle" in r.json()["error"], (name, route, r.text)
 
 
@@ -99,19 +115,37 @@ def test_duplicated_credentials_and_media_types_are_refused_with_400_naming_the_
     for key, name in (("model", "GraphSAGERunner"), ("feature", "FeatureRunner")):
         for route in runner_routes(name):
             url = runners[key].url + route
-            r = httpx.post(url, content=b"{}", headers=[("Content-Type", "application/json"),
-                                                        ("Authorization", f"Bearer {STRANGER}"),
-                                                        ("Authorization", f"Bearer {NEW}")], timeout=10)
+            r = httpx.post(
+                url,
+                content=b"{}",
+                headers=[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", f"Bearer {STRANGER}"),
+                    ("Authorization", f"Bearer {NEW}"),
+                ],
+                timeout=10,
+            )
             assert r.status_code == 400 and "Authorization sent 2 times" in r.json()["error"], (name, route, r.text)
-            r = httpx.post(url, content=b"{}", headers=[("Content-Type", "application/json"),
-                                                        ("Content-Type", "application/json"), ("Authorization", f"Bearer {NEW}")],
-                           timeout=10)
+            r = httpx.post(
+                url,
+                content=b"{}",
+                headers=[
+                    ("Content-Type", "application/json"),
+                    ("Content-Type", "application/json"),
+                    ("Authorization", f"Bearer {NEW}"),
+                ],
+                timeout=10,
+            )
             assert r.status_code == 400 and "Content-Type sent 2 times" in r.json()["error"], (name, route, r.text)
     gateway = runners["gateway"].url + "/predict"
     for header in ("Authorization", "X-API-Key"):
         value = f"Bearer {API_KEY}" if header == "Authorization" else API_KEY
-        r = httpx.post(gateway, content=b'{"node_ids": [1]}', timeout=10,
-                       headers=[("Content-Type", "application/json"), (header, value), (header, value)])
+        r = httpx.post(
+            gateway,
+            content=b'{"node_ids": [1]}',
+            timeout=10,
+            headers=[("Content-Type", "application/json"), (header, value), (header, value)],
+        )
         assert r.status_code == 400 and f"{header} sent 2 times" in r.json()["error"], r.text
 
 
@@ -119,8 +153,10 @@ def test_every_runner_route_needs_the_token_and_probes_do_not(runners):
     from common import feature_runner_api, model_runner_api
     from common.endpoints import media_types
 
-    for key, name, api in (("model", "GraphSAGERunner", model_runner_api), ("feature", "FeatureRunner",
-                                                                            feature_runner_api)):
+    for key, name, api in (
+        ("model", "GraphSAGERunner", model_runner_api),
+        ("feature", "FeatureRunner", feature_runner_api),
+    ):
         url = runners[key].url
         for route, (takes, _) in media_types(api.ENDPOINTS).items():
             media = {"content-type": takes}
@@ -139,8 +175,9 @@ def test_every_runner_route_needs_the_token_and_probes_do_not(runners):
 
 def test_the_gateway_and_the_feature_runner_send_the_token(runners):
     key = {"X-API-Key": API_KEY}
-    r = httpx.post(runners["gateway"].url + "/predict", json={"node_ids": [1, 2, 3], "seed": 3}, headers=key,
-                   timeout=30)
+    r = httpx.post(
+        runners["gateway"].url + "/predict", json={"node_ids": [1, 2, 3], "seed": 3}, headers=key, timeout=30
+    )
     assert r.status_code == 200 and not r.json()["degraded"], r.text
     models = httpx.get(runners["gateway"].url + "/models", headers=key, timeout=30).json()
     assert "error" not in models["model_runner"] and "error" not in models["feature_runner"], models
@@ -183,10 +220,29 @@ def test_fuzzing_a_runners_openapi_with_the_token_finds_no_server_error(runners,
     schema.write_text(served.text)
     st = os.path.join(os.path.dirname(sys.executable), "st")
     out = subprocess.run(
-        [st, "run", str(schema), "--url", url, "--checks", "not_a_server_error", "--max-examples", "40",
-         "--header", f"Authorization: Bearer {NEW}", "--workers", "2",
-         "--report", "har", "--report-har-path", str(tmp_path / "calls.har")],
-        capture_output=True, text=True, timeout=300)
+        [
+            st,
+            "run",
+            str(schema),
+            "--url",
+            url,
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "40",
+            "--header",
+            f"Authorization: Bearer {NEW}",
+            "--workers",
+            "2",
+            "--report",
+            "har",
+            "--report-har-path",
+            str(tmp_path / "calls.har"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     summary = next((line for line in out.stdout.splitlines() if " generated, " in line), "")
     assert summary and "failed" not in summary and "failure" not in summary, out.stdout[-3000:]

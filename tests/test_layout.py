@@ -28,13 +28,16 @@ def _modules(package: str) -> list[Path]:
 
 
 def test_the_shared_package_imports_no_service_package():
-    wrong = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.split(".")[0] in SERVICE_PACKAGES)
-             for p in _modules("common")}
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.split(".")[0] in SERVICE_PACKAGES)
+        for p in _modules("common")
+    }
     assert not {k: v for k, v in wrong.items() if v}
 
 
 def test_the_gateway_reaches_the_runners_only_through_their_service_classes():
-    wrong = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.startswith("runners")
-                                              and m not in RUNNER_SERVICES)
-             for p in _modules("services")}
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.startswith("runners") and m not in RUNNER_SERVICES)
+        for p in _modules("services")
+    }
     assert not {k: v for k, v in wrong.items() if v}

@@ -18,8 +18,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def _env(demo_store, **extra: str) -> dict[str, str]:
     ensure_shared_token()  # the processes of a test share one service token
-    return {**os.environ, "BENTOML_HOME": demo_store.home, "BENTOML_DO_NOT_TRACK": "true",
-            "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": "0", **extra}
+    return {
+        **os.environ,
+        "BENTOML_HOME": demo_store.home,
+        "BENTOML_DO_NOT_TRACK": "true",
+        "GSAGE_MODEL_TAGS": demo_store.v1,
+        "GSAGE_GRPC_PORT": "0",
+        **extra,
+    }
 
 
 def _wait(predicate, timeout_s: float = 20.0, what: str = "condition"):
@@ -33,19 +39,25 @@ def _wait(predicate, timeout_s: float = 20.0, what: str = "condition"):
 
 
 def test_a_sigtermed_feature_runner_flushes_its_buffered_write_back(demo_store, redis_standalone, tmp_path):
-    env = _env(demo_store, GSAGE_REDIS_URL=redis_standalone.url,
-               GSAGE_L2_WRITE_DELAY_MS="600000", GSAGE_L2_WRITE_BATCH_ROWS="1000000",  # held back until the end
-               GSAGE_SCAN_MIN_TARGETS="0",
-               # The update log on disk: Redis then holds the feature rows only, which the test counts.
-               GSAGE_GRAPH_LOG="file", GSAGE_GRAPH_LOG_DIR=str(tmp_path / "update-log"))
+    env = _env(
+        demo_store,
+        GSAGE_REDIS_URL=redis_standalone.url,
+        GSAGE_L2_WRITE_DELAY_MS="600000",
+        GSAGE_L2_WRITE_BATCH_ROWS="1000000",  # held back until the end
+        GSAGE_SCAN_MIN_TARGETS="0",
+        # The update log on disk: Redis then holds the feature rows only, which the test counts.
+        GSAGE_GRAPH_LOG="file",
+        GSAGE_GRAPH_LOG_DIR=str(tmp_path / "update-log"),
+    )
     model = Service("GraphSAGERunner", free_port(), env, log_dir=str(tmp_path))
     feature = Service("FeatureRunner", free_port(), env, depends={"GraphSAGERunner": model.url}, log_dir=str(tmp_path))
     headers = service_headers(env)
     try:
         model.start()
         feature.start()
-        r = httpx.post(feature.url + "/features", json={"node_ids": [1, 2, 3, 4, 5], "seed": 1}, headers=headers,
-                       timeout=30)
+        r = httpx.post(
+            feature.url + "/features", json={"node_ids": [1, 2, 3, 4, 5], "seed": 1}, headers=headers, timeout=30
+        )
         assert r.status_code == 200, r.text
         info = httpx.post(feature.url + "/info", json={}, headers=headers, timeout=10).json()
         pending = info["cache"]["l2"]["pending_write_rows"]
@@ -76,11 +88,17 @@ def test_an_admin_load_and_unload_reach_every_model_worker(demo_store, tmp_path)
         assert len(_wait(loaded_per_worker, what="both workers answering")) == 2
         r = httpx.post(model.url + "/load", json={"tag": demo_store.v2}, headers=headers, timeout=60)
         assert r.status_code == 200, r.text
-        _wait(lambda: (lambda s: len(s) == 2 and all(demo_store.v2 in tags for tags in s.values()))(loaded_per_worker()),
-              what="v2 on both workers")
+        _wait(
+            lambda: (lambda s: len(s) == 2 and all(demo_store.v2 in tags for tags in s.values()))(loaded_per_worker()),
+            what="v2 on both workers",
+        )
         r = httpx.post(model.url + "/unload", json={"tag": demo_store.v1}, headers=headers, timeout=60)
         assert r.status_code == 200 and r.json()["unloaded"], r.text
-        _wait(lambda: (lambda s: len(s) == 2 and all(tags == {demo_store.v2} for tags in s.values()))(loaded_per_worker()),
-              what="v1 gone from both workers")
+        _wait(
+            lambda: (lambda s: len(s) == 2 and all(tags == {demo_store.v2} for tags in s.values()))(
+                loaded_per_worker()
+            ),
+            what="v1 gone from both workers",
+        )
     finally:
         model.stop()

@@ -8,9 +8,9 @@ import copy
 import numpy as np
 import pytest
 
-from runners.feature.tree_layout import PremeanTree
 from runners.feature.graph import BatchRejected, LiveGraph
 from runners.feature.sampling import sample_tree
+from runners.feature.tree_layout import PremeanTree
 from tests.graphs import small_graph
 
 F = 128  # small_graph's feature dim
@@ -105,14 +105,17 @@ def test_an_added_edge_is_sampled_by_a_node_under_the_fanout_and_both_ends_hold_
     hop1 = sample_tree(g.base.indptr, g.base.indices, np.array([low]), (25, 10), seed=5, overlay=g.overlay)[1][0]
     assert other in hop1.tolist()
     assert low in g.neighbours(other).tolist()  # undirected: both lists
-    assert list(g.neighbours(low)[:-1]) == list(g.base.indices[g.base.indptr[low]:g.base.indptr[low + 1]])
+    assert list(g.neighbours(low)[:-1]) == list(g.base.indices[g.base.indptr[low] : g.base.indptr[low + 1]])
 
 
 def test_a_new_node_gets_features_and_edges_and_a_removed_one_leaves_no_trace():
     g = graph(capacity=1000)
     new = 500
-    ops = [{"op": "add_node", "id": new, "features": feats(0.5), "label": 1},
-           {"op": "add_edge", "src": new, "dst": 3}, {"op": "add_edge", "src": 7, "dst": new}]
+    ops = [
+        {"op": "add_node", "id": new, "features": feats(0.5), "label": 1},
+        {"op": "add_edge", "src": new, "dst": 3},
+        {"op": "add_edge", "src": 7, "dst": new},
+    ]
     g.validate(ops)
     g.apply(ops, 1)
     assert g.contains(np.array([new, 499]))[()].tolist() == [True, False]
@@ -129,24 +132,39 @@ def test_a_new_node_gets_features_and_edges_and_a_removed_one_leaves_no_trace():
     assert snap.num_nodes == new + 1 and not snap.present[3] and snap.labels[new] == 1 and snap.labels[499] == -1
 
 
-@pytest.mark.parametrize("ops, index, field, reason", [
-    ([{"op": "add_edge", "src": 1, "dst": 10**9}], 0, "dst", "must be a node id in [0, 800)"),
-    ([{"op": "add_edge", "src": 1, "dst": 600}], 0, "dst", "node 600 is not in the graph"),
-    ([{"op": "add_node", "id": 2, "features": [0.0] * F}], 0, "id", "exists already"),
-    ([{"op": "add_node", "id": 900, "features": [0.0] * F}], 0, "id", "must be a node id in [0, 800)"),
-    ([{"op": "set_features", "id": 1, "features": [0.0] * 3}], 0, "features", "must be 128 numbers, got 3"),
-    ([{"op": "set_features", "id": 1, "features": [float("nan")] * F}], 0, "features", "finite"),
-    ([{"op": "set_features", "id": 1, "features": [float("inf")] * F}], 0, "features", "finite"),
-    ([{"op": "add_node", "id": 700, "features": [0.0] * F}, {"op": "add_edge", "src": 700, "dst": 700}],
-     1, "dst", "two different nodes"),
-    ([{"op": "remove_node", "id": 5}, {"op": "add_edge", "src": 5, "dst": 6}], 1, "src", "not in the graph"),
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "remove_edge", "src": 1, "dst": 2},
-      {"op": "remove_edge", "src": 1, "dst": 2}], 2, "dst", "no edge 1 -> 2"),
-    ([{"op": "add_node", "id": 700, "features": [0.0] * F, "label": 99}], 0, "label", "class index"),
-    ([{"op": "add_edge", "src": 1}], 0, "dst", "missing"),
-    ([{"op": "merge_nodes", "id": 1}], 0, "op", "must be one of"),
-    ([{"op": "add_edge", "src": True, "dst": 2}], 0, "src", "node id"),
-])
+@pytest.mark.parametrize(
+    "ops, index, field, reason",
+    [
+        ([{"op": "add_edge", "src": 1, "dst": 10**9}], 0, "dst", "must be a node id in [0, 800)"),
+        ([{"op": "add_edge", "src": 1, "dst": 600}], 0, "dst", "node 600 is not in the graph"),
+        ([{"op": "add_node", "id": 2, "features": [0.0] * F}], 0, "id", "exists already"),
+        ([{"op": "add_node", "id": 900, "features": [0.0] * F}], 0, "id", "must be a node id in [0, 800)"),
+        ([{"op": "set_features", "id": 1, "features": [0.0] * 3}], 0, "features", "must be 128 numbers, got 3"),
+        ([{"op": "set_features", "id": 1, "features": [float("nan")] * F}], 0, "features", "finite"),
+        ([{"op": "set_features", "id": 1, "features": [float("inf")] * F}], 0, "features", "finite"),
+        (
+            [{"op": "add_node", "id": 700, "features": [0.0] * F}, {"op": "add_edge", "src": 700, "dst": 700}],
+            1,
+            "dst",
+            "two different nodes",
+        ),
+        ([{"op": "remove_node", "id": 5}, {"op": "add_edge", "src": 5, "dst": 6}], 1, "src", "not in the graph"),
+        (
+            [
+                {"op": "add_edge", "src": 1, "dst": 2},
+                {"op": "remove_edge", "src": 1, "dst": 2},
+                {"op": "remove_edge", "src": 1, "dst": 2},
+            ],
+            2,
+            "dst",
+            "no edge 1 -> 2",
+        ),
+        ([{"op": "add_node", "id": 700, "features": [0.0] * F, "label": 99}], 0, "label", "class index"),
+        ([{"op": "add_edge", "src": 1}], 0, "dst", "missing"),
+        ([{"op": "merge_nodes", "id": 1}], 0, "op", "must be one of"),
+        ([{"op": "add_edge", "src": True, "dst": 2}], 0, "src", "node id"),
+    ],
+)
 def test_a_bad_batch_names_the_op_and_field_and_changes_nothing(ops, index, field, reason):
     g = graph()
     before = (g.present.copy(), g.stats())
@@ -159,10 +177,15 @@ def test_a_bad_batch_names_the_op_and_field_and_changes_nothing(ops, index, fiel
 
 def test_a_batch_sees_its_own_earlier_ops():
     g = graph()
-    ops = [{"op": "add_node", "id": 600, "features": feats(1)}, {"op": "add_edge", "src": 600, "dst": 1},
-           {"op": "remove_edge", "src": 1, "dst": 600}, {"op": "add_edge", "src": 600, "dst": 2},
-           {"op": "remove_node", "id": 600}, {"op": "add_node", "id": 600, "features": feats(2)},
-           {"op": "add_edge", "src": 600, "dst": 3}]
+    ops = [
+        {"op": "add_node", "id": 600, "features": feats(1)},
+        {"op": "add_edge", "src": 600, "dst": 1},
+        {"op": "remove_edge", "src": 1, "dst": 600},
+        {"op": "add_edge", "src": 600, "dst": 2},
+        {"op": "remove_node", "id": 600},
+        {"op": "add_node", "id": 600, "features": feats(2)},
+        {"op": "add_edge", "src": 600, "dst": 3},
+    ]
     g.validate(ops)
     g.apply(ops, 1)
     assert g.neighbours(600).tolist() == [3] and 600 not in g.neighbours(2).tolist()
@@ -183,4 +206,4 @@ def test_a_list_that_outgrows_its_segment_moves_and_its_neighbours_keep_theirs()
     assert all(a in g.neighbours(200 + i).tolist() for i in range(40))
     snap = g.materialize()
     for v in (a, b, 100, 239):
-        assert snap.indices[snap.indptr[v]:snap.indptr[v + 1]].tolist() == g.neighbours(v).tolist()
+        assert snap.indices[snap.indptr[v] : snap.indptr[v + 1]].tolist() == g.neighbours(v).tolist()

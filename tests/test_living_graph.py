@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from common.feature_tensor import decode
-from runners.feature.tree_layout import compact
 from harness.app import SplitApp, answers_under_load, free_port
 from harness.redis_servers import RedisServer, redis_available
 from runners.feature.graph import LiveGraph
 from runners.feature.sampling import sample_tree
+from runners.feature.tree_layout import compact
 from services.auth import KeyEntry, generate_key, hash_key, write_entries
 from tests.conftest import bentoml_home, private_store
 
@@ -50,8 +50,14 @@ class Mirror:
         import onnxruntime as ort
 
         g = self.graph
-        tree = sample_tree(g.base.indptr, g.base.indices, np.array(node_ids), self.artifacts.config.fanout, seed=seed,
-                           overlay=g.overlay)
+        tree = sample_tree(
+            g.base.indptr,
+            g.base.indices,
+            np.array(node_ids),
+            self.artifacts.config.fanout,
+            seed=seed,
+            overlay=g.overlay,
+        )
         unique, index = compact(tree)
         sess = ort.InferenceSession(self.artifacts.onnx_path, providers=["CPUExecutionProvider"])
         return sess.run(["probs"], {"features": g.rows(unique), **{f"idx{d}": i for d, i in enumerate(index)}})[0]
@@ -71,13 +77,27 @@ def env(tmp_path_factory, demo_store):
     write_entries(str(root / "keys.json"), [KeyEntry(s, hash_key(k), frozenset({s})) for s, k in keys.items()])
     redis = RedisServer(str(root / "redis")).start()
     settings_env = {
-        "GSAGE_AUTH_ENABLED": "1", "GSAGE_API_KEYS_FILE": str(root / "keys.json"), "GSAGE_MODEL_TAGS": demo_store.v1,
-        "GSAGE_REDIS_URL": redis.url, "GSAGE_GRAPH_LOG": "file", "GSAGE_GRAPH_LOG_DIR": str(root / "log"),
-        "GSAGE_FEATURE_TRANSPORT_DTYPE": "float32", "GSAGE_FEATURE_WORKERS": "2", "GSAGE_GRPC_PORT": str(free_port()),
-        "GSAGE_L1_BYTES": str(4 << 20), "GSAGE_GRAPH_CAPACITY": "40000",
+        "GSAGE_AUTH_ENABLED": "1",
+        "GSAGE_API_KEYS_FILE": str(root / "keys.json"),
+        "GSAGE_MODEL_TAGS": demo_store.v1,
+        "GSAGE_REDIS_URL": redis.url,
+        "GSAGE_GRAPH_LOG": "file",
+        "GSAGE_GRAPH_LOG_DIR": str(root / "log"),
+        "GSAGE_FEATURE_TRANSPORT_DTYPE": "float32",
+        "GSAGE_FEATURE_WORKERS": "2",
+        "GSAGE_GRPC_PORT": str(free_port()),
+        "GSAGE_L1_BYTES": str(4 << 20),
+        "GSAGE_GRAPH_CAPACITY": "40000",
     }
-    yield {"home": home, "v1": demo_store.v1, "keys": keys, "settings": settings_env, "root": root, "redis": redis,
-           "demo_store": demo_store}
+    yield {
+        "home": home,
+        "v1": demo_store.v1,
+        "keys": keys,
+        "settings": settings_env,
+        "root": root,
+        "redis": redis,
+        "demo_store": demo_store,
+    }
     redis.stop()
 
 
@@ -106,8 +126,12 @@ def update(app, env, mirror, ops: list[dict], scope: str = "graph") -> httpx.Res
 
 
 def predict(app, env, node_ids: list[int], seed: int = SEED, **extra) -> httpx.Response:
-    return httpx.post(app.gateway.url + "/predict", json={"node_ids": node_ids, "seed": seed, **extra},
-                      headers=headers(env), timeout=30)
+    return httpx.post(
+        app.gateway.url + "/predict",
+        json={"node_ids": node_ids, "seed": seed, **extra},
+        headers=headers(env),
+        timeout=30,
+    )
 
 
 def probs_of(r: httpx.Response) -> np.ndarray:
@@ -117,7 +141,7 @@ def probs_of(r: httpx.Response) -> np.ndarray:
 
 def fresh_id(mirror) -> int:
     with mirror.lock:
-        return int(np.flatnonzero(~mirror.graph.present[mirror.snapshot.num_nodes:])[0]) + mirror.snapshot.num_nodes
+        return int(np.flatnonzero(~mirror.graph.present[mirror.snapshot.num_nodes :])[0]) + mirror.snapshot.num_nodes
 
 
 def test_only_a_graph_key_writes_the_graph(app, env, mirror):
@@ -129,8 +153,11 @@ def test_only_a_graph_key_writes_the_graph(app, env, mirror):
 
 def test_a_new_node_with_features_and_edges_is_predicted_as_the_updated_graph_computes(app, env, mirror):
     new = fresh_id(mirror)
-    ops = [{"op": "add_node", "id": new, "features": [0.25] * mirror.dim, "label": 1},
-           {"op": "add_edge", "src": new, "dst": 10}, {"op": "add_edge", "src": 11, "dst": new}]
+    ops = [
+        {"op": "add_node", "id": new, "features": [0.25] * mirror.dim, "label": 1},
+        {"op": "add_edge", "src": new, "dst": 10},
+        {"op": "add_edge", "src": 11, "dst": new},
+    ]
     r = update(app, env, mirror, ops)
     assert r.status_code == 200 and r.json()["accepted"] == 3, r.text
     got = probs_of(predict(app, env, [new, 10, 11], min_sequence=r.json()["sequence"]))
@@ -142,13 +169,21 @@ def test_an_added_edge_is_in_the_sampled_neighbourhood_of_a_node_under_the_fanou
     low = int(np.flatnonzero((degrees > 0) & (degrees < 10))[0])
     new = fresh_id(mirror)
     marker = 42.0
-    r = update(app, env, mirror, [{"op": "add_node", "id": new, "features": [marker] * mirror.dim},
-                                  {"op": "add_edge", "src": low, "dst": new}])
+    r = update(
+        app,
+        env,
+        mirror,
+        [{"op": "add_node", "id": new, "features": [marker] * mirror.dim}, {"op": "add_edge", "src": low, "dst": new}],
+    )
     assert r.status_code == 200, r.text
     deadline = time.monotonic() + 10
     while True:  # either FeatureRunner worker answers; both apply the update within a moment
-        tensor = httpx.post(app.feature.url + "/features", json={"node_ids": [low], "seed": SEED},
-                            headers=app.service_headers, timeout=10)
+        tensor = httpx.post(
+            app.feature.url + "/features",
+            json={"node_ids": [low], "seed": SEED},
+            headers=app.service_headers,
+            timeout=10,
+        )
         ft = decode(tensor.content)
         rows = np.flatnonzero((ft.features == marker).all(axis=1))
         if rows.size or time.monotonic() > deadline:
@@ -162,8 +197,12 @@ def test_set_features_changes_the_node_and_its_neighbours_answers_through_l1_and
 
     # A neighbour whose degree is under the first fanout samples every neighbour, v among them.
     fanout = mirror.artifacts.config.fanout[0]
-    v, neighbour = next((v, int(u)) for v in range(20, 400) for u in mirror.graph.neighbours(v)
-                        if mirror.graph.neighbours(int(u)).size <= fanout)
+    v, neighbour = next(
+        (v, int(u))
+        for v in range(20, 400)
+        for u in mirror.graph.neighbours(v)
+        if mirror.graph.neighbours(int(u)).size <= fanout
+    )
     before = probs_of(predict(app, env, [v, neighbour]))
     for _ in range(3):  # warm L1 and Redis with the old rows
         predict(app, env, [v, neighbour])
@@ -197,23 +236,42 @@ def test_remove_edge_and_remove_node(app, env, mirror):
     np.testing.assert_allclose(probs_of(predict(app, env, neighbours)), mirror.probs(neighbours), atol=1e-5)
 
 
-@pytest.mark.parametrize("ops, status, names", [
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_edge", "src": 1, "dst": 10**7}], 422, "op 1 (add_edge): dst"),
-    ([{"op": "set_features", "id": 3, "features": [1.0, 2.0]}], 422, "op 0 (set_features): features"),
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_node", "id": 5, "features": [0.0] * 128}], 422,
-     "op 1 (add_node): id: node 5 exists already"),
-    ([{"op": "set_features", "id": 3, "features": ["NaN"] * 128}], 422,
-     "op 0 (set_features): features: must be finite numbers, got 'NaN'"),
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_edge", "src": 1}], 400, "op 1 (add_edge): dst: missing"),
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "merge", "id": 1}], 400, "op 1 (merge): op: must be one of"),
-    ([{"op": "remove_edge", "src": 1, "dst": 1}], 422, "op 0 (remove_edge): dst"),
-    # past the capacity (GSAGE_GRAPH_CAPACITY=40000), an unknown id inside the range, Infinity
-    ([{"op": "add_node", "id": 40_000, "features": [0.0] * 128}], 422, "op 0 (add_node): id"),
-    ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "set_features", "id": 39_999, "features": [0.0] * 128}], 422,
-     "op 1 (set_features): id"),
-    ([{"op": "add_node", "id": 39_998, "features": ["Infinity"] + [0.0] * 127}], 422,
-     "op 0 (add_node): features: must be finite numbers, got 'Infinity'"),
-])
+@pytest.mark.parametrize(
+    "ops, status, names",
+    [
+        (
+            [{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_edge", "src": 1, "dst": 10**7}],
+            422,
+            "op 1 (add_edge): dst",
+        ),
+        ([{"op": "set_features", "id": 3, "features": [1.0, 2.0]}], 422, "op 0 (set_features): features"),
+        (
+            [{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_node", "id": 5, "features": [0.0] * 128}],
+            422,
+            "op 1 (add_node): id: node 5 exists already",
+        ),
+        (
+            [{"op": "set_features", "id": 3, "features": ["NaN"] * 128}],
+            422,
+            "op 0 (set_features): features: must be finite numbers, got 'NaN'",
+        ),
+        ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_edge", "src": 1}], 400, "op 1 (add_edge): dst: missing"),
+        ([{"op": "add_edge", "src": 1, "dst": 2}, {"op": "merge", "id": 1}], 400, "op 1 (merge): op: must be one of"),
+        ([{"op": "remove_edge", "src": 1, "dst": 1}], 422, "op 0 (remove_edge): dst"),
+        # past the capacity (GSAGE_GRAPH_CAPACITY=40000), an unknown id inside the range, Infinity
+        ([{"op": "add_node", "id": 40_000, "features": [0.0] * 128}], 422, "op 0 (add_node): id"),
+        (
+            [{"op": "add_edge", "src": 1, "dst": 2}, {"op": "set_features", "id": 39_999, "features": [0.0] * 128}],
+            422,
+            "op 1 (set_features): id",
+        ),
+        (
+            [{"op": "add_node", "id": 39_998, "features": ["Infinity"] + [0.0] * 127}],
+            422,
+            "op 0 (add_node): features: must be finite numbers, got 'Infinity'",
+        ),
+    ],
+)
 def test_a_bad_batch_is_refused_whole_naming_the_op(app, env, mirror, ops, status, names):
     head = httpx.get(app.gateway.url + "/graph/status", headers=headers(env), timeout=10).json()["log"]["head"]
     r = update(app, env, mirror, ops)
@@ -230,22 +288,32 @@ def test_read_your_writes_over_http_and_grpc(app, env, mirror):
 
     target = f"127.0.0.1:{app.env['GSAGE_GRPC_PORT']}"
     new = fresh_id(mirror)
-    r = update(app, env, mirror, [{"op": "add_node", "id": new, "features": [0.75] * mirror.dim},
-                                  {"op": "add_edge", "src": new, "dst": 40}])
+    r = update(
+        app,
+        env,
+        mirror,
+        [{"op": "add_node", "id": new, "features": [0.75] * mirror.dim}, {"op": "add_edge", "src": new, "dst": 40}],
+    )
     answer = grpc_predict(target, [new], env["keys"]["predict"], seed=SEED, min_sequence=r.json()["sequence"])
     np.testing.assert_allclose([answer["predictions"][0]["probabilities"]], mirror.probs([new]), atol=1e-5)
     # Written over gRPC, read over HTTP.
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.GraphSAGEStub(channel)
         op = pb.GraphOp(add_edge=pb.Edge(src=new, dst=41))
-        ack = stub.UpdateGraph(pb.UpdateGraphRequest(ops=[op]), metadata=[("authorization", f"Bearer {env['keys']['graph']}")])
+        ack = stub.UpdateGraph(
+            pb.UpdateGraphRequest(ops=[op]), metadata=[("authorization", f"Bearer {env['keys']['graph']}")]
+        )
         mirror.apply([{"op": "add_edge", "src": new, "dst": 41}], ack.sequence)
         with pytest.raises(grpc.RpcError) as denied:
-            stub.UpdateGraph(pb.UpdateGraphRequest(ops=[op]), metadata=[("authorization", f"Bearer {env['keys']['predict']}")])
+            stub.UpdateGraph(
+                pb.UpdateGraphRequest(ops=[op]), metadata=[("authorization", f"Bearer {env['keys']['predict']}")]
+            )
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(grpc.RpcError) as bad:
-            stub.UpdateGraph(pb.UpdateGraphRequest(ops=[pb.GraphOp(add_edge=pb.Edge(src=new, dst=10**7))]),
-                             metadata=[("authorization", f"Bearer {env['keys']['graph']}")])
+            stub.UpdateGraph(
+                pb.UpdateGraphRequest(ops=[pb.GraphOp(add_edge=pb.Edge(src=new, dst=10**7))]),
+                metadata=[("authorization", f"Bearer {env['keys']['graph']}")],
+            )
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "op 0 (add_edge): dst" in bad.value.details()
     got = probs_of(predict(app, env, [new], min_sequence=ack.sequence))
     np.testing.assert_allclose(got, mirror.probs([new]), atol=1e-5)
@@ -262,8 +330,14 @@ def test_two_feature_runner_workers_converge_to_the_same_state(app, env, mirror)
         status = httpx.get(app.gateway.url + "/graph/status", headers=headers(env), timeout=10).json()
     assert {w["overlay"]["edges"] for w in status["workers"].values()} == {mirror.graph.stats().edges}
     ids = [10, 11, 20, 40]
-    answers = {probs_of(httpx.post(app.gateway.url + "/predict", json={"node_ids": ids, "seed": SEED},
-                                   headers=headers(env), timeout=30)).tobytes() for _ in range(12)}
+    answers = {
+        probs_of(
+            httpx.post(
+                app.gateway.url + "/predict", json={"node_ids": ids, "seed": SEED}, headers=headers(env), timeout=30
+            )
+        ).tobytes()
+        for _ in range(12)
+    }
     assert len(answers) == 1  # whichever worker answered
 
 
@@ -284,13 +358,21 @@ def test_compaction_under_load_fails_no_request_and_changes_no_answer(app, env, 
 
         async def load() -> None:
             while not stop.is_set():
-                outcomes.update(await answers_under_load(app.gateway.url + "/predict", headers(env), 1.0, 8,
-                                                         lambda w, n: {"node_ids": [(w * 97 + n) % 4000], "seed": n}))
+                outcomes.update(
+                    await answers_under_load(
+                        app.gateway.url + "/predict",
+                        headers(env),
+                        1.0,
+                        8,
+                        lambda w, n: {"node_ids": [(w * 97 + n) % 4000], "seed": n},
+                    )
+                )
 
         task = asyncio.create_task(load())
         await asyncio.sleep(1.0)
-        r = await asyncio.to_thread(httpx.post, app.gateway.url + "/admin/graph/compact", json={},
-                                    headers=headers(env, "admin"), timeout=120)
+        r = await asyncio.to_thread(
+            httpx.post, app.gateway.url + "/admin/graph/compact", json={}, headers=headers(env, "admin"), timeout=120
+        )
         assert r.status_code == 200, r.text
         compacted = r.json()
         deadline = time.monotonic() + 30
@@ -334,7 +416,9 @@ def test_a_feature_runner_killed_during_10000_updates_keeps_every_acknowledged_o
             while v < stop_at:
                 ops = [{"op": "add_node", "id": i, "features": [float(i % 7)] * mirror.dim} for i in range(v, v + 50)]
                 try:
-                    r = client.post(app.gateway.url + "/graph/updates", json={"ops": ops}, headers=headers(env, "graph"))
+                    r = client.post(
+                        app.gateway.url + "/graph/updates", json={"ops": ops}, headers=headers(env, "graph")
+                    )
                     status, sequence = r.status_code, r.json().get("sequence") if r.status_code == 200 else None
                 except httpx.HTTPError:
                     status, sequence = None, None
@@ -355,7 +439,7 @@ def test_a_feature_runner_killed_during_10000_updates_keeps_every_acknowledged_o
     def guarded() -> None:
         try:
             stream()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+        except BaseException as exc:
             errors.append(exc)
 
     writer = threading.Thread(target=guarded)
@@ -372,10 +456,13 @@ def test_a_feature_runner_killed_during_10000_updates_keeps_every_acknowledged_o
     assert not writer.is_alive() and len(acked) == 10_000, len(acked)
     assert killed_at < 10_000
     for lo in range(0, len(acked), 1000):
-        chunk = acked[lo:lo + 1000]
-        r = httpx.post(app.gateway.url + "/predict", json={"node_ids": chunk, "seed": 1,
-                                                          "min_sequence": mirror.graph.sequence},
-                       headers=headers(env), timeout=60)
+        chunk = acked[lo : lo + 1000]
+        r = httpx.post(
+            app.gateway.url + "/predict",
+            json={"node_ids": chunk, "seed": 1, "min_sequence": mirror.graph.sequence},
+            headers=headers(env),
+            timeout=60,
+        )
         assert r.status_code == 200 and not r.json()["degraded"], r.text[:300]
 
 
@@ -383,8 +470,13 @@ def test_a_feature_runner_killed_during_10000_updates_keeps_every_acknowledged_o
 def redis_log_app(env, tmp_path_factory):
     root = tmp_path_factory.mktemp("living-redis")
     redis = RedisServer(str(root / "redis")).start()
-    settings_env = {**env["settings"], "GSAGE_REDIS_URL": redis.url, "GSAGE_GRAPH_LOG": "redis",
-                    "GSAGE_FEATURE_WORKERS": "1", "GSAGE_GRPC_PORT": "0"}
+    settings_env = {
+        **env["settings"],
+        "GSAGE_REDIS_URL": redis.url,
+        "GSAGE_GRAPH_LOG": "redis",
+        "GSAGE_FEATURE_WORKERS": "1",
+        "GSAGE_GRPC_PORT": "0",
+    }
     settings_env.pop("GSAGE_GRAPH_LOG_DIR")
     app = SplitApp(private_store(env["demo_store"], root), settings_env, log_dir=str(root))
     try:
@@ -399,8 +491,12 @@ def test_the_redis_streams_log_serves_updates_and_refuses_them_while_redis_is_do
     app, redis, home = redis_log_app
     mirror = Mirror(home, env["v1"])
     new = mirror.snapshot.num_nodes + 7
-    r = update(app, env, mirror, [{"op": "add_node", "id": new, "features": [0.5] * mirror.dim},
-                                  {"op": "add_edge", "src": new, "dst": 3}])
+    r = update(
+        app,
+        env,
+        mirror,
+        [{"op": "add_node", "id": new, "features": [0.5] * mirror.dim}, {"op": "add_edge", "src": new, "dst": 3}],
+    )
     assert r.status_code == 200 and r.json()["sequence"] == 1, r.text
     np.testing.assert_allclose(probs_of(predict(app, env, [new, 3], min_sequence=1)), mirror.probs([new, 3]), atol=1e-5)
     status = httpx.get(app.gateway.url + "/graph/status", headers=headers(env), timeout=10).json()
@@ -408,7 +504,9 @@ def test_the_redis_streams_log_serves_updates_and_refuses_them_while_redis_is_do
     redis.kill()
     try:
         down = update(app, env, mirror, [{"op": "add_edge", "src": new, "dst": 4}])
-        assert down.status_code == 503 and down.headers["retry-after"] and "nothing was accepted" in down.json()["error"]
+        assert (
+            down.status_code == 503 and down.headers["retry-after"] and "nothing was accepted" in down.json()["error"]
+        )
         served = predict(app, env, [new, 3])  # serving goes on with what was applied
         np.testing.assert_allclose(probs_of(served), mirror.probs([new, 3]), atol=1e-5)
     finally:

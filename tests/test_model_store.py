@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
+from runners.feature.snapshot import load_snapshot, save_snapshot
 from runners.graphsage.model_artifacts import load_artifacts
 from runners.graphsage.model_config import ModelConfig
-from runners.feature.snapshot import load_snapshot, save_snapshot
 from tests.graphs import small_graph
 from training_export.export import ParityError, export_and_verify, save_model
 from training_export.train import TrainSpec, train_graphsage
@@ -15,7 +15,9 @@ def test_snapshot_round_trip_by_tag_and_latest(model_store):
     for ref in (tag, "graph-snapshot:latest"):
         loaded = load_snapshot(ref)
         assert loaded.tag == tag
-        assert isinstance(loaded.features.base, np.memmap) and isinstance(loaded.indices.base, np.memmap)  # mapped, as ndarray views
+        assert isinstance(loaded.features.base, np.memmap) and isinstance(
+            loaded.indices.base, np.memmap
+        )  # mapped, as ndarray views
         np.testing.assert_array_equal(loaded.features, g.features)
         np.testing.assert_array_equal(loaded.indptr, g.indptr)
         assert loaded.metadata()["num_edges"] == g.num_edges
@@ -27,7 +29,9 @@ def test_two_model_versions_coexist(model_store):
     tags = []
     for aggregator in ("mean", "pool"):
         cfg = ModelConfig(in_dim=128, hidden_dim=16, num_classes=g.num_classes, aggregator=aggregator)
-        model, metrics = train_graphsage(g, cfg, TrainSpec(epochs=1, max_train_nodes=512, eval_nodes=128), progress=False)
+        model, metrics = train_graphsage(
+            g, cfg, TrainSpec(epochs=1, max_train_nodes=512, eval_nodes=128), progress=False
+        )
         tag, parity = export_and_verify(model, g, metrics, parity_count=64)
         assert parity["passed"]
         tags.append(tag)

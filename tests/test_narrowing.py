@@ -26,7 +26,9 @@ def test_non_contiguous_rows_and_other_dtypes():
     rows = _rows()
     sliced = rows[::3, ::2]
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(to_dtype(sliced, np.float16).view(np.uint16), sliced.astype(np.float16).view(np.uint16))
+        np.testing.assert_array_equal(
+            to_dtype(sliced, np.float16).view(np.uint16), sliced.astype(np.float16).view(np.uint16)
+        )
     assert to_dtype(rows, "float32") is rows
     with np.errstate(over="ignore"):
         half = rows.astype(np.float16)
@@ -40,5 +42,7 @@ def test_numpy_is_the_fallback(monkeypatch):
     monkeypatch.setattr(narrowing, "_unavailable", False)
     rows = _rows()
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(to_dtype(rows, "float16").view(np.uint16), rows.astype(np.float16).view(np.uint16))
+        np.testing.assert_array_equal(
+            to_dtype(rows, "float16").view(np.uint16), rows.astype(np.float16).view(np.uint16)
+        )
     assert narrowing._unavailable is True

@@ -11,11 +11,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from common.settings import Settings
 from common.feature_tensor import PREMEAN, FeatureTensor, decode, encode, to_padded
-from runners.feature.tree_layout import premean
+from common.settings import Settings
 from runners.feature.neighbourhood import FeatureRequest, InvalidRequest, NeighbourhoodBuilder, TooManyNodes
 from runners.feature.sampling import PAD, sample_tree
+from runners.feature.tree_layout import premean
 from tests.graphs import feature_store, small_graph
 
 MAX_FANOUT = (25, 10)
@@ -263,7 +263,9 @@ def test_merged_batch_equals_each_request_alone(graph):
 def test_premean_requests_get_the_full_tensor_premeaned_in_merged_batches_too(graph):
     cases = merge_cases(graph)
     b = make_builder(graph)
-    requests = [b.validate(ids, fanout=f, seed=s, dtype=d, premean=i % 2 == 0) for i, (ids, f, s, d) in enumerate(cases)]
+    requests = [
+        b.validate(ids, fanout=f, seed=s, dtype=d, premean=i % 2 == 0) for i, (ids, f, s, d) in enumerate(cases)
+    ]
     for i, (req, got) in enumerate(zip(requests, build(b, requests))):
         ids, f, s, d = cases[i]
         full = build_one(make_builder(graph), ids, fanout=f, seed=s)  # float32 rows

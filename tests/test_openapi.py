@@ -12,10 +12,18 @@ import httpx
 import pytest
 
 openapi_spec_validator = pytest.importorskip(
-    "openapi_spec_validator", reason="openapi-spec-validator is not installed (pip install -e '.[dev]')")
+    "openapi_spec_validator", reason="openapi-spec-validator is not installed (pip install -e '.[dev]')"
+)
 
-PUBLIC_OPERATIONS = [("/predict", "post"), ("/admin/routing", "post"), ("/models", "get"), ("/graph/updates", "post"),
-                     ("/graph/status", "get"), ("/admin/graph/compact", "post"), ("/admin/shadow", "get")]
+PUBLIC_OPERATIONS = [
+    ("/predict", "post"),
+    ("/admin/routing", "post"),
+    ("/models", "get"),
+    ("/graph/updates", "post"),
+    ("/graph/status", "get"),
+    ("/admin/graph/compact", "post"),
+    ("/admin/shadow", "get"),
+]
 
 
 def served_in_process() -> dict[str, Any]:

@@ -21,26 +21,43 @@ def test_one_seed_travels_once_several_as_an_array():
     np.testing.assert_array_equal(back.node_ids, [4, 5, 4])
     np.testing.assert_array_equal(back.seeds, [9, 9, 9])
     assert (back.seed, back.model, back.embedding, back.dtype) == (9, "m:1", True, "float16")
-    two = decode_predict(encode_predict(PredictBatch.of([4, 5], [2**63 - 1, 0], "m", fanout=[5, 3], layout="premean-v1",
-                                                        min_sequence=4, explain=True)))
-    assert two.seed is None and two.fanout == (5, 3) and (two.layout, two.min_sequence, two.explain) == ("premean-v1", 4,
-                                                                                                          True)
+    two = decode_predict(
+        encode_predict(
+            PredictBatch.of(
+                [4, 5], [2**63 - 1, 0], "m", fanout=[5, 3], layout="premean-v1", min_sequence=4, explain=True
+            )
+        )
+    )
+    assert (
+        two.seed is None
+        and two.fanout == (5, 3)
+        and (two.layout, two.min_sequence, two.explain) == ("premean-v1", 4, True)
+    )
     np.testing.assert_array_equal(two.seeds, [2**63 - 1, 0])
 
 
-@pytest.mark.parametrize("body", [
-    b"",
-    wire.envelope({"model": "m", "embedding": False, "seed": 1}, b"GSW1"),
-    wire.envelope({"model": "m", "embedding": False, "seed": 1}, wire.pack({"node_ids": np.zeros(2, np.int32)})),
-    wire.envelope({"model": "m", "embedding": False}, wire.pack({"node_ids": np.zeros(2, np.int64),
-                                                                 "seeds": np.zeros(3, np.int64)})),
-    wire.envelope({"model": 7, "embedding": False, "seed": 1}, wire.pack({"node_ids": np.zeros(2, np.int64)})),
-    wire.envelope({"model": "m", "embedding": False, "seed": 1}, wire.pack({"node_ids": np.zeros(2, np.int64),
-                                                                            "x": np.zeros(1)})),
-    wire.envelope({"model": "m", "embedding": False}, wire.pack({"node_ids": np.zeros(2, np.int64)})),  # no seed
-    wire.envelope({"model": "m", "embedding": False, "seed": 1, "dtype": "int8"},
-                  wire.pack({"node_ids": np.zeros(2, np.int64)})),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        wire.envelope({"model": "m", "embedding": False, "seed": 1}, b"GSW1"),
+        wire.envelope({"model": "m", "embedding": False, "seed": 1}, wire.pack({"node_ids": np.zeros(2, np.int32)})),
+        wire.envelope(
+            {"model": "m", "embedding": False},
+            wire.pack({"node_ids": np.zeros(2, np.int64), "seeds": np.zeros(3, np.int64)}),
+        ),
+        wire.envelope({"model": 7, "embedding": False, "seed": 1}, wire.pack({"node_ids": np.zeros(2, np.int64)})),
+        wire.envelope(
+            {"model": "m", "embedding": False, "seed": 1},
+            wire.pack({"node_ids": np.zeros(2, np.int64), "x": np.zeros(1)}),
+        ),
+        wire.envelope({"model": "m", "embedding": False}, wire.pack({"node_ids": np.zeros(2, np.int64)})),  # no seed
+        wire.envelope(
+            {"model": "m", "embedding": False, "seed": 1, "dtype": "int8"},
+            wire.pack({"node_ids": np.zeros(2, np.int64)}),
+        ),
+    ],
+)
 def test_malformed_bodies_are_refused(body):
     with pytest.raises(ApiError) as info:
         decode_predict(body)
@@ -50,8 +67,9 @@ def test_malformed_bodies_are_refused(body):
 def test_seed_arrays_are_validated_like_lists():
     g = small_graph()
     cfg = Settings()
-    b = NeighbourhoodBuilder(g, build_feature_store(cfg.feature_cache, cfg.redis, g.features, "graph-snapshot:t"),
-                             (25, 10))
+    b = NeighbourhoodBuilder(
+        g, build_feature_store(cfg.feature_cache, cfg.redis, g.features, "graph-snapshot:t"), (25, 10)
+    )
     ids = np.array([1, 2], np.int64)
     assert b.validate(ids, seeds=np.array([3, 2**63 - 1], np.int64)).seeds.tolist() == [3, 2**63 - 1]
     for bad in (np.array([-1, 2], np.int64), np.array([1], np.int64), np.array([1, 2], np.int32)):

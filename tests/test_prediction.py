@@ -52,8 +52,10 @@ class FakeRunners:
         ids, seeds = batch.node_ids, batch.seeds
         logits = np.stack([np.sin(ids * 1.0 + seeds % 97 + k) for k in range(3)], 1).astype(np.float32)
         probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-        return wire.Packed.of({"logits": logits, "probs": probs.astype(np.float32)},
-                              {"model": batch.model, "backend": "fake", "precision": precision, "task": "multiclass"})
+        return wire.Packed.of(
+            {"logits": logits, "probs": probs.astype(np.float32)},
+            {"model": batch.model, "backend": "fake", "precision": precision, "task": "multiclass"},
+        )
 
 
 class OneRoute:
@@ -64,8 +66,13 @@ class OneRoute:
 def core(runners: FakeRunners, model_failures: int = 100) -> PredictionCore:
     """Inside the (virtual-time) loop: the breakers' clock is the loop's."""
     clock = asyncio.get_running_loop().time
-    return PredictionCore(OneRoute(), runners.predict, CircuitBreaker("f", failures=100, clock=clock),
-                          CircuitBreaker("m", failures=model_failures, reset_s=60, clock=clock), timeout_s=1.0)
+    return PredictionCore(
+        OneRoute(),
+        runners.predict,
+        CircuitBreaker("f", failures=100, clock=clock),
+        CircuitBreaker("m", failures=model_failures, reset_s=60, clock=clock),
+        timeout_s=1.0,
+    )
 
 
 def test_concurrent_requests_are_merged_without_changing_answers():

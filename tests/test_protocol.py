@@ -4,7 +4,8 @@ clear validation error, never anything else (the HTTP and gRPC front ends turn t
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from common.feature_runner_api import CompactRequest
@@ -15,11 +16,18 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
-fields = st.fixed_dictionaries({}, optional={
-    "node_ids": st.one_of(st.lists(st.integers(min_value=-5, max_value=2**64), max_size=5), json_values),
-    "model": st.one_of(st.just("graphsage"), json_values), "version": json_values, "fanout": json_values,
-    "routing_key": json_values, "seed": st.one_of(st.integers(-3, 2**64), json_values), "embedding": json_values,
-})
+fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "node_ids": st.one_of(st.lists(st.integers(min_value=-5, max_value=2**64), max_size=5), json_values),
+        "model": st.one_of(st.just("graphsage"), json_values),
+        "version": json_values,
+        "fanout": json_values,
+        "routing_key": json_values,
+        "seed": st.one_of(st.integers(-3, 2**64), json_values),
+        "embedding": json_values,
+    },
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -35,11 +43,22 @@ def test_any_body_validates_or_fails_cleanly(body):
     assert PredictRequest.model_validate_json(req.model_dump_json()) == req
 
 
-@pytest.mark.parametrize("body", [
-    {"node_ids": [1.0]}, {"node_ids": ["1"]}, {"node_ids": [True]}, {"node_ids": [-1]}, {"node_ids": []},
-    {"node_ids": [2**63]}, {"node_ids": [1], "seed": 1.5}, {"node_ids": [1], "fanout": [0, 1]},
-    {"node_ids": [1], "extra": 1}, {"node_ids": [1], "embedding": "yes"}, {"node_ids": [1], "model": "a b"},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"node_ids": [1.0]},
+        {"node_ids": ["1"]},
+        {"node_ids": [True]},
+        {"node_ids": [-1]},
+        {"node_ids": []},
+        {"node_ids": [2**63]},
+        {"node_ids": [1], "seed": 1.5},
+        {"node_ids": [1], "fanout": [0, 1]},
+        {"node_ids": [1], "extra": 1},
+        {"node_ids": [1], "embedding": "yes"},
+        {"node_ids": [1], "model": "a b"},
+    ],
+)
 def test_rejected_bodies(body):
     with pytest.raises(ValidationError):
         PredictRequest.model_validate(body)

@@ -139,8 +139,9 @@ def test_redis_bucket_is_shared_between_limiter_instances(redis_standalone):
 @pytest.mark.integration
 def test_redis_down_falls_back_to_local_and_recovers(redis_standalone):
     async def scenario() -> None:
-        lim = RedisRateLimiter.from_url(redis_standalone.url, rate_per_s=1.0, burst=3,
-                                        timeout_s=0.2, retry_backoff_s=0.3)
+        lim = RedisRateLimiter.from_url(
+            redis_standalone.url, rate_per_s=1.0, burst=3, timeout_s=0.2, retry_backoff_s=0.3
+        )
         try:
             assert (await lim.acquire("k")).allowed
             redis_standalone.kill()
@@ -176,15 +177,24 @@ def test_one_budget_per_key_across_gateway_workers_and_both_protocols(demo_store
 
     burst, rate = 6, 0.05  # a refill every 20 s: within the test the budget is the burst alone
     grpc_port = free_port()
-    app = SplitApp(demo_store.home, {
-        "GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GATEWAY_WORKERS": "2", "GSAGE_GRPC_PORT": str(grpc_port),
-        "GSAGE_REDIS_URL": redis_standalone.url, "GSAGE_RATE_LIMIT_PER_S": str(rate),
-        "GSAGE_RATE_LIMIT_BURST": str(burst)}, log_dir=str(tmp_path))
+    app = SplitApp(
+        demo_store.home,
+        {
+            "GSAGE_MODEL_TAGS": demo_store.v1,
+            "GSAGE_GATEWAY_WORKERS": "2",
+            "GSAGE_GRPC_PORT": str(grpc_port),
+            "GSAGE_REDIS_URL": redis_standalone.url,
+            "GSAGE_RATE_LIMIT_PER_S": str(rate),
+            "GSAGE_RATE_LIMIT_BURST": str(burst),
+        },
+        log_dir=str(tmp_path),
+    )
     try:
         app.start()
         started = time.monotonic()
-        http = [httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code
-                for i in range(4)]  # a new connection each: the kernel spreads them over the workers
+        http = [
+            httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code for i in range(4)
+        ]  # a new connection each: the kernel spreads them over the workers
         grpc_codes = []
         for i in range(4):
             try:
@@ -192,8 +202,9 @@ def test_one_budget_per_key_across_gateway_workers_and_both_protocols(demo_store
                 grpc_codes.append("OK")
             except grpc.RpcError as exc:
                 grpc_codes.append(exc.code().name)
-        http += [httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code
-                 for i in range(8)]
+        http += [
+            httpx.post(app.gateway.url + "/predict", json={"node_ids": [i]}, timeout=30).status_code for i in range(8)
+        ]
         elapsed = time.monotonic() - started
         # The budget lives in Redis, not in a worker: the bucket both protocols spent is there
         # (a per-process limiter would give the same counts if every call met one worker).

@@ -27,8 +27,14 @@ K8S_DIR = ROOT / "bentos" / "k8s"
 
 def release(home: str, *args: str, timeout: float = 300) -> str:
     env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}
-    out = subprocess.run([sys.executable, "-m", "bentos.release", *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "bentos.release", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, f"bentos.release {args} failed:\n{out.stderr[-4000:]}"
     return out.stdout.strip().splitlines()[-1]
 
@@ -48,8 +54,14 @@ def released(tmp_path_factory, demo_store):
 def test_build_context_is_the_image(released):
     ctx, v1, v2 = released["ctx"], released["v1"], released["v2"]
     dockerfile = (ctx / "env/docker/Dockerfile").read_text()
-    for needed in ("EXPOSE 3000", "EXPOSE 50051", 'ENTRYPOINT [ "/home/bentoml/bento/env/docker/entrypoint.sh" ]',
-                   "ENV BENTO_PATH=$BENTO_PATH", "COPY --chown=bentoml:bentoml . ./", "FROM python:3.11"):
+    for needed in (
+        "EXPOSE 3000",
+        "EXPOSE 50051",
+        'ENTRYPOINT [ "/home/bentoml/bento/env/docker/entrypoint.sh" ]',
+        "ENV BENTO_PATH=$BENTO_PATH",
+        "COPY --chown=bentoml:bentoml . ./",
+        "FROM python:3.11",
+    ):
         assert needed in dockerfile, needed
     # The runners' pinned tags are baked in as the image's environment.
     assert "ENV GSAGE_MODEL_TAGS=$GSAGE_MODEL_TAGS" in dockerfile
@@ -90,7 +102,6 @@ def test_gpu_variant_builds(released):
     assert not any(r.startswith("onnxruntime>") or r == "onnxruntime" for r in reqs)
 
 
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_split_services_from_the_bento_directory(released, tmp_path):
@@ -99,17 +110,31 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
 
     ctx, v1, v2 = released["ctx"], released["v1"], released["v2"]
     routes = tmp_path / "routes.json"
-    routes.write_text(json.dumps(
-        {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}))
+    routes.write_text(
+        json.dumps(
+            {"default_model": "graphsage", "models": {"graphsage": {"routes": [{"version": v1, "weight": 1.0}]}}}
+        )
+    )
     grpc_port = free_port()
     # The image's environment (the bento's envs) with this test's routing file and gRPC port;
     # each service gets an empty BentoML home of its own, so the models can only come from the
     # bento directory, as in the image.
-    env = {"GSAGE_ROUTING_FILE": str(routes), "GSAGE_GRPC_PORT": str(grpc_port),
-           "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "update-log")}
+    env = {
+        "GSAGE_ROUTING_FILE": str(routes),
+        "GSAGE_GRPC_PORT": str(grpc_port),
+        "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "update-log"),
+    }
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("GSAGE_", "BENTOML_"))}
-    dep = SplitDeployment(ctx, tmp_path / "split", gateway_port=free_port(), feature_port=free_port(),
-                          model_port=free_port(), model_workers=2, env=env, base_env=clean_env)
+    dep = SplitDeployment(
+        ctx,
+        tmp_path / "split",
+        gateway_port=free_port(),
+        feature_port=free_port(),
+        model_port=free_port(),
+        model_workers=2,
+        env=env,
+        base_env=clean_env,
+    )
     dep.up(wait_s=150)
     pids = []
     try:
@@ -119,15 +144,20 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
             proc = psutil.Process(p.pid)
             assert Path(proc.cwd()) == ctx / "src"
             cmd = proc.cmdline()  # the entrypoint exec'd start-http-server, same PID
-            assert cmd[1:] == [*START_HTTP_SERVER[1:], *cmd[len(START_HTTP_SERVER):-1], str(ctx)], cmd
+            assert cmd[1:] == [*START_HTTP_SERVER[1:], *cmd[len(START_HTTP_SERVER) : -1], str(ctx)], cmd
             pids += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
-        workers = [c for c in psutil.Process(dep.model.pid).children(recursive=True)
-                   if WORKER_MODULE in " ".join(c.cmdline())]
+        workers = [
+            c for c in psutil.Process(dep.model.pid).children(recursive=True) if WORKER_MODULE in " ".join(c.cmdline())
+        ]
         assert len(workers) == 2, [c.cmdline() for c in workers]
         assert not (tmp_path / "split" / "home-GraphSAGERunner" / "models" / "graphsage").exists()
-        probe = subprocess.run([sys.executable, "-c", "import services.gateway as g; print(g.__file__)"],
-                               cwd=ctx / "src", capture_output=True, text=True,
-                               env={**clean_env, "BENTOML_HOME": str(tmp_path / "probe-home")})
+        probe = subprocess.run(
+            [sys.executable, "-c", "import services.gateway as g; print(g.__file__)"],
+            cwd=ctx / "src",
+            capture_output=True,
+            text=True,
+            env={**clean_env, "BENTOML_HOME": str(tmp_path / "probe-home")},
+        )
         assert probe.stdout.strip().startswith(str(ctx / "src")), probe
 
         url = dep.gateway.url
@@ -145,24 +175,37 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
 
         def served(n: int = 12) -> collections.Counter:
             return collections.Counter(
-                httpx.post(url + "/predict", json={"node_ids": [i], "routing_key": f"user-{i}"},
-                           timeout=30).json()["model"] for i in range(n))
+                httpx.post(url + "/predict", json={"node_ids": [i], "routing_key": f"user-{i}"}, timeout=30).json()[
+                    "model"
+                ]
+                for i in range(n)
+            )
 
         # Canary: half the keys to v2, then all traffic; each gateway worker re-reads the
         # routing file within ~1 s.
-        r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
-                                                      "weights": {v1: 50, v2: 50}}, timeout=30)
+        r = httpx.post(
+            url + "/admin/routing",
+            json={"action": "set_weights", "model": "graphsage", "weights": {v1: 50, v2: 50}},
+            timeout=30,
+        )
         assert r.status_code == 200, r.text
         mixed = wait_for(lambda: (lambda c: c if len(c) == 2 else None)(served(24)))
         assert mixed and set(mixed) == {v1, v2}, mixed
-        r = httpx.post(url + "/admin/routing", json={"action": "set_weights", "model": "graphsage",
-                                                      "weights": {v1: 0, v2: 100}}, timeout=30)
+        r = httpx.post(
+            url + "/admin/routing",
+            json={"action": "set_weights", "model": "graphsage", "weights": {v1: 0, v2: 100}},
+            timeout=30,
+        )
         assert r.status_code == 200, r.text
         assert wait_for(lambda: served() == collections.Counter({v2: 12}))
         assert grpc_predict(f"127.0.0.1:{grpc_port}", ids, seed=5)["model"] == v2
         # The same change made on the routing file by the CLI (as for a ConfigMap): promote v1.
-        cli = subprocess.run([sys.executable, "-m", "services.routing", "--file", str(routes), "promote",
-                              "graphsage", v1], cwd=ROOT, capture_output=True, text=True)
+        cli = subprocess.run(
+            [sys.executable, "-m", "services.routing", "--file", str(routes), "promote", "graphsage", v1],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert cli.returncode == 0, cli.stderr
         assert wait_for(lambda: served() == collections.Counter({v1: 12}))
     finally:
@@ -175,8 +218,9 @@ def _k8s_files() -> list[Path]:
 
 
 def test_k8s_manifests_validate_against_the_kubernetes_schema():
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed "
-                             "(pip install -e '.[release]')")
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate not installed (pip install -e '.[release]')"
+    )
     files = _k8s_files()
     assert files
     kinds: collections.Counter = collections.Counter()
@@ -226,7 +270,7 @@ def test_k8s_wiring():
     gpu = by[("Deployment", "graphsage-runner")]["spec"]["template"]["spec"]["containers"][0]
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert by[("StatefulSet", "redis-cluster")]["spec"]["replicas"] == 6
-    assert "redis+cluster://redis-cluster:6379" == config["GSAGE_REDIS_URL"]
+    assert config["GSAGE_REDIS_URL"] == "redis+cluster://redis-cluster:6379"
 
     # The graph update log is not on that cache: the services read the ConfigMap as their
     # settings, and the log's URL names the redis-log Service, whose pods are the StatefulSet's.
@@ -276,8 +320,12 @@ def _k8s_selects(selector: dict, labels: dict) -> bool:
         return False
     for e in selector.get("matchExpressions") or []:
         key, op, values = e["key"], e["operator"], e.get("values") or []
-        if ((op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values)
-                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels)):
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and labels.get(key) in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
             return False
     return True
 
@@ -293,8 +341,12 @@ def _k8s_peers(peers: list[dict] | None, labels_by_component: dict[str, dict]) -
         if "namespaceSelector" in peer:
             ns = (peer["namespaceSelector"].get("matchLabels") or {}).get("kubernetes.io/metadata.name")
             assert ns and ns != "graphsage", peer  # a named namespace, never "any namespace"
-            pods = ",".join(f"{k}={v}" for k, v in sorted(
-                ((peer.get("podSelector") or {}).get("matchLabels") or {}).items())) or "*"
+            pods = (
+                ",".join(
+                    f"{k}={v}" for k, v in sorted(((peer.get("podSelector") or {}).get("matchLabels") or {}).items())
+                )
+                or "*"
+            )
             out.add(f"{ns}/{pods}")
         else:
             matched = {c for c, labels in labels_by_component.items() if _k8s_selects(peer["podSelector"], labels)}
@@ -333,9 +385,14 @@ def test_k8s_network_policies_form_the_allowed_graph():
     assert set(labels) == {*SERVICE_DEPLOYMENTS, "redis-cluster", "redis-cluster-create", "redis-log", "model-admin"}
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     # Everything denied first: every pod of the namespace, both directions, no rule.
-    deny = [p for p in policies if p["spec"]["podSelector"] == {}
-            and sorted(p["spec"]["policyTypes"]) == ["Egress", "Ingress"]
-            and not p["spec"].get("ingress") and not p["spec"].get("egress")]
+    deny = [
+        p
+        for p in policies
+        if p["spec"]["podSelector"] == {}
+        and sorted(p["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
     assert len(deny) == 1, "a default-deny NetworkPolicy (podSelector {}, Ingress + Egress, no rule)"
     kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
     assert "network-policies.yaml" in kustomization["resources"]
@@ -345,8 +402,10 @@ def test_k8s_network_policies_form_the_allowed_graph():
     expected_ingress = (
         tcp("*", "gateway", 3000, 50051)  # clients: HTTP and gRPC
         | tcp("gateway", "feature-runner", 3000)
-        | tcp("gateway", "graphsage-runner", 3000) | tcp("feature-runner", "graphsage-runner", 3000)
-        | tcp("gateway", "redis-cluster", 6379) | tcp("feature-runner", "redis-cluster", 6379)
+        | tcp("gateway", "graphsage-runner", 3000)
+        | tcp("feature-runner", "graphsage-runner", 3000)
+        | tcp("gateway", "redis-cluster", 6379)
+        | tcp("feature-runner", "redis-cluster", 6379)
         | tcp("redis-cluster-create", "redis-cluster", 6379)
         | tcp("redis-cluster", "redis-cluster", 6379, 16379)  # replication + cluster bus
         | tcp("feature-runner", "redis-log", 6379)  # the update log: only the FeatureRunner opens it
@@ -467,7 +526,7 @@ def test_k8s_service_token_and_tls_secrets():
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
         path = env.get("GSAGE_SERVICE_TOKENS_FILE") or config["data"].get("GSAGE_SERVICE_TOKENS_FILE", "")
         assert path.startswith(mount + "/"), (name, path)
-        key = path[len(mount) + 1:]
+        key = path[len(mount) + 1 :]
         items = vols[0]["secret"].get("items")
         assert key == "tokens" if not items else key in {i["path"] for i in items}, (name, key)
         # Never a token in the manifests themselves.

@@ -29,8 +29,17 @@ def test_other_headers_may_repeat_and_single_ones_are_read_once():
     assert headers.media_type == JSON and headers.get("cookie") is None and "content-type" in headers
 
 
-@pytest.mark.parametrize("value", [PICKLE, "Application/VND.BentoML+Pickle", f"{JSON}, {PICKLE}", f"{PICKLE};a=b", "",
-                                   "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        PICKLE,
+        "Application/VND.BentoML+Pickle",
+        f"{JSON}, {PICKLE}",
+        f"{PICKLE};a=b",
+        "",
+        "multipart/form-data; boundary=x",
+    ],
+)
 def test_a_body_of_another_media_type_is_refused_with_415(value):
     headers = RequestHeaders(raw(("content-type", value)) if value else [])
     with pytest.raises(ApiError) as info:
@@ -49,11 +58,21 @@ def test_an_encoded_body_is_refused(encoding, ok):
         assert info.value.status == 415
 
 
-@pytest.mark.parametrize("accept, answer, ok", [
-    (None, JSON, True), ("*/*", OCTET_STREAM, True), ("application/*", JSON, True), (JSON, JSON, True),
-    ("text/html, application/json;q=0.5", JSON, True), (JSON, OCTET_STREAM, False), (PICKLE, JSON, False),
-    ("application/json;q=0", JSON, False), ("*/*;q=0.0", JSON, False), ("application/json;q=x", JSON, False),
-])
+@pytest.mark.parametrize(
+    "accept, answer, ok",
+    [
+        (None, JSON, True),
+        ("*/*", OCTET_STREAM, True),
+        ("application/*", JSON, True),
+        (JSON, JSON, True),
+        ("text/html, application/json;q=0.5", JSON, True),
+        (JSON, OCTET_STREAM, False),
+        (PICKLE, JSON, False),
+        ("application/json;q=0", JSON, False),
+        ("*/*;q=0.0", JSON, False),
+        ("application/json;q=x", JSON, False),
+    ],
+)
 def test_an_accept_that_excludes_the_answer_is_refused_with_406(accept, answer, ok):
     headers = RequestHeaders(raw(("accept", accept)) if accept else [])
     if ok:
@@ -65,8 +84,14 @@ def test_an_accept_that_excludes_the_answer_is_refused_with_406(accept, answer, 
 
 
 def test_what_passes_the_guard_carries_one_canonical_content_type():
-    scope = {"type": "http", "headers": raw(("Content-Type", "Application/JSON; charset=utf-8"),
-                                            ("content-encoding", "identity"), ("x-request-id", "r1"))}
+    scope = {
+        "type": "http",
+        "headers": raw(
+            ("Content-Type", "Application/JSON; charset=utf-8"),
+            ("content-encoding", "identity"),
+            ("x-request-id", "r1"),
+        ),
+    }
     out = with_body_type(scope, JSON)
     assert out["headers"] == raw(("x-request-id", "r1"), ("content-type", JSON))
     assert scope["headers"][0] == (b"Content-Type", b"Application/JSON; charset=utf-8")  # the original is kept

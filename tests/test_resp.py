@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from harness.redis_servers import raw_command
 from runners.feature.cache.l2_redis import RedisFeatureLevel
 from runners.feature.cache.resp import RespConnection, RespError, pack_command
-from harness.redis_servers import raw_command
-
 
 
 def test_pack_command_is_a_resp_array_of_bulk_strings():
@@ -20,8 +19,9 @@ def test_pack_command_is_a_resp_array_of_bulk_strings():
 
 @pytest.mark.parametrize("version", ["graph-snapshot:abc", "snap:é%d"])
 def test_the_l2_mget_command_packs_its_keys(version):
-    level = RedisFeatureLevel.from_url("redis://127.0.0.1:1/0", version, 4, ttl_s=1, timeout_s=0.1,
-                                       retry_backoff_s=0.1)  # connects lazily: nothing is sent
+    level = RedisFeatureLevel.from_url(
+        "redis://127.0.0.1:1/0", version, 4, ttl_s=1, timeout_s=0.1, retry_backoff_s=0.1
+    )  # connects lazily: nothing is sent
     ids = np.array([0, 7, 10, 99, 12345, 2**40, 2**62])
     assert level.mget_command(ids) == pack_command(b"MGET", *level._keys(ids))
 

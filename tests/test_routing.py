@@ -165,8 +165,7 @@ def test_file_persistence_and_reload_by_a_second_instance(tmp_path):
 
     admin.set_weights("graphsage", {V1: 90, V2: 10})
     doc = json.load(open(path))
-    assert doc["models"]["graphsage"]["routes"] == [
-        {"version": V1, "weight": 0.9}, {"version": V2, "weight": 0.1}]
+    assert doc["models"]["graphsage"]["routes"] == [{"version": V1, "weight": 0.9}, {"version": V2, "weight": 0.1}]
     assert doc["models"]["graphsage"]["history"] == [[{"version": V1, "weight": 1.0}]]
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no temp file left
 
@@ -193,8 +192,9 @@ def test_file_persistence_and_reload_by_a_second_instance(tmp_path):
 
     # A hand-written file with percentages is normalised.
     with open(path, "w") as f:
-        json.dump({"models": {"graphsage": {"routes": [
-            {"version": V1, "weight": 75}, {"version": V3, "weight": 25}]}}}, f)
+        json.dump(
+            {"models": {"graphsage": {"routes": [{"version": V1, "weight": 75}, {"version": V3, "weight": 25}]}}}, f
+        )
     assert worker.reload_if_changed()
     assert worker.routes("graphsage") == [Route(V1, 0.75), Route(V3, 0.25)]
     assert worker.versions_in_use() == {V1, V3}
@@ -217,7 +217,10 @@ def test_cli(tmp_path):
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "services.routing", "--file", path, *args],
-            capture_output=True, text=True, cwd=ROOT, timeout=30,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=30,
             env={**os.environ, "PYTHONPATH": ROOT},
         )
 
@@ -233,5 +236,4 @@ def test_cli(tmp_path):
     assert main(["--file", path, "set-weights", "graphsage", "v1"]) == 1
     shown = run("show")
     assert shown.returncode == 0
-    assert json.loads(shown.stdout)["models"]["graphsage"]["routes"][1] == {
-        "version": V2, "weight": 0.1}
+    assert json.loads(shown.stdout)["models"]["graphsage"]["routes"][1] == {"version": V2, "weight": 0.1}

@@ -98,8 +98,10 @@ def test_kernel_equals_the_numpy_reference(graph):
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
     nodes = np.concatenate([hubs, [PAD, PAD], hubs[:3]])
-    np.testing.assert_array_equal(sample_neighbours(graph.indptr, graph.indices, nodes, 25, seed=9, hop=1),
-                                  ref.sample_neighbours(graph.indptr, graph.indices, nodes, 25, seed=9, hop=1))
+    np.testing.assert_array_equal(
+        sample_neighbours(graph.indptr, graph.indices, nodes, 25, seed=9, hop=1),
+        ref.sample_neighbours(graph.indptr, graph.indices, nodes, 25, seed=9, hop=1),
+    )
 
 
 def test_a_node_samples_the_same_alone_and_in_a_large_batch(graph):
@@ -131,8 +133,12 @@ def test_read_only_ids_and_seeds_reuse_the_compiled_kernel(graph):
     compiled = len(sample_level.signatures)
     frozen_nodes, frozen_seeds = np.frombuffer(nodes.tobytes(), np.int64), np.frombuffer(seeds.tobytes(), np.int64)
     assert not frozen_nodes.flags.writeable and not frozen_seeds.flags.writeable
-    for n, s in ((frozen_nodes, seeds), (nodes, frozen_seeds), (frozen_nodes, frozen_seeds),
-                 (nodes, np.broadcast_to(np.int64(3), nodes.shape))):
+    for n, s in (
+        (frozen_nodes, seeds),
+        (nodes, frozen_seeds),
+        (frozen_nodes, frozen_seeds),
+        (nodes, np.broadcast_to(np.int64(3), nodes.shape)),
+    ):
         got = sample_neighbours(graph.indptr, graph.indices, n, 5, s)
         if s is seeds or s is frozen_seeds:
             np.testing.assert_array_equal(got, want)

@@ -10,8 +10,7 @@ import pickle
 
 import pytest
 
-from common.service_auth import (OPEN_PATHS, ServiceGuard, ServiceTokens, bearer, ensure_shared_token,
-                                 parse_tokens)
+from common.service_auth import OPEN_PATHS, ServiceGuard, ServiceTokens, bearer, ensure_shared_token, parse_tokens
 
 OLD, NEW, OTHER = "old-token-" + "a" * 16, "new-token-" + "b" * 16, "stranger-" + "c" * 16
 PICKLE = "application/vnd.bentoml+pickle"
@@ -44,8 +43,12 @@ def call(guard, method="POST", path="/load", headers=(), body=b"{}", routes=None
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path,
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+    }
     asyncio.run(ServiceGuard(app, guard, routes)(scope, receive, send))
     start, out = sent
     return start["status"], dict(start["headers"]), out["body"], bool(reached)
@@ -59,8 +62,10 @@ def test_two_tokens_are_accepted_and_the_first_is_sent():
     assert NEW not in repr(tokens) and OLD not in repr(tokens)
 
 
-@pytest.mark.parametrize("raw, problem", [(f"{OLD},{NEW},{OTHER}", "at most 2"), ("short", "16-512"),
-                                          ("has space in it plenty long", "16-512")])
+@pytest.mark.parametrize(
+    "raw, problem",
+    [(f"{OLD},{NEW},{OTHER}", "at most 2"), ("short", "16-512"), ("has space in it plenty long", "16-512")],
+)
 def test_bad_token_lists_are_refused_naming_the_variable(raw, problem):
     with pytest.raises(ValueError, match=problem) as info:
         parse_tokens(raw, "GSAGE_SERVICE_TOKENS")
@@ -120,8 +125,9 @@ def test_pickle_is_refused_on_every_route_with_or_without_a_token():
     body = pickle.dumps(Boom())
     for path in ["/load", "/infer", "/predict", "/readyz", "/metrics", "/docs.json", "/anything"]:
         for auth in ((), (("Authorization", f"Bearer {NEW}"),)):
-            status, headers, answer, reached = call(tokens, path=path, headers=(("Content-Type", PICKLE), *auth),
-                                                    body=body)
+            status, headers, answer, reached = call(
+                tokens, path=path, headers=(("Content-Type", PICKLE), *auth), body=body
+            )
             assert (status, reached) == (415, False), path
             assert json.loads(answer)["status"] == 415
     for kind in ("multipart/form-data; boundary=x", "text/plain", "application/x-www-form-urlencoded", ""):
@@ -133,8 +139,12 @@ def test_calls_without_an_accepted_token_get_401_except_probes_and_scrapes(caplo
     tokens = ServiceTokens([NEW, OLD])
     json_type = ("Content-Type", "application/json")
     with caplog.at_level(logging.DEBUG):
-        for headers in ((), (("Authorization", f"Bearer {OTHER}"),), (("Authorization", f"Basic {NEW}"),),
-                        (("X-Api-Key", NEW),)):
+        for headers in (
+            (),
+            (("Authorization", f"Bearer {OTHER}"),),
+            (("Authorization", f"Basic {NEW}"),),
+            (("X-Api-Key", NEW),),
+        ):
             status, out_headers, answer, reached = call(tokens, headers=(json_type, *headers))
             assert (status, reached) == (401, False)
             assert out_headers[b"www-authenticate"].startswith(b"Bearer")
@@ -162,8 +172,9 @@ def test_a_second_content_type_or_authorization_header_is_refused_before_anythin
     valid, wrong = ("Authorization", f"Bearer {NEW}"), ("Authorization", f"Bearer {OTHER}")
     for types in ((PICKLE, "application/json"), ("application/json", PICKLE), ("application/json",) * 2):
         for auth in ((), (valid,), (wrong, valid), (valid, wrong)):
-            status, _, answer, reached = call(tokens, headers=(*(("Content-Type", t) for t in types), *auth),
-                                              body=pickle.dumps(None))
+            status, _, answer, reached = call(
+                tokens, headers=(*(("Content-Type", t) for t in types), *auth), body=pickle.dumps(None)
+            )
             assert (status, reached) == (400, False), (types, auth)
             assert json.loads(answer)["error"] == "header Content-Type sent 2 times; send it once"
     for auth in ((wrong, valid), (valid, wrong), (valid, valid)):
@@ -174,8 +185,11 @@ def test_a_second_content_type_or_authorization_header_is_refused_before_anythin
 def test_the_service_sees_only_the_media_type_the_guard_admitted():
     tokens = ServiceTokens([NEW])
     seen: list = []
-    status, *_ = call(tokens, headers=(("Content-Type", "Application/JSON; charset=utf-8"),
-                                       ("Authorization", f"Bearer {NEW}")), seen=seen)
+    status, *_ = call(
+        tokens,
+        headers=(("Content-Type", "Application/JSON; charset=utf-8"), ("Authorization", f"Bearer {NEW}")),
+        seen=seen,
+    )
     assert status == 200
     assert [v for k, v in seen[0] if k == b"content-type"] == [b"application/json"]
     assert not [k for k, _ in seen[0] if k == b"Content-Type"]
@@ -183,13 +197,16 @@ def test_the_service_sees_only_the_media_type_the_guard_admitted():
 
 def test_a_route_of_the_table_takes_its_own_media_type_and_answers_its_own():
     tokens = ServiceTokens([NEW])
-    routes = {"/infer": ("application/octet-stream", "application/octet-stream"),
-              "/load": ("application/json", "application/json")}
+    routes = {
+        "/infer": ("application/octet-stream", "application/octet-stream"),
+        "/load": ("application/json", "application/json"),
+    }
     auth = ("Authorization", f"Bearer {NEW}")
     octet, json_type = ("Content-Type", "application/octet-stream"), ("Content-Type", "application/json")
     assert call(tokens, path="/infer", headers=(octet, auth), routes=routes)[::3] == (200, True)
     assert call(tokens, path="/infer", headers=(json_type, auth), routes=routes)[::3] == (415, False)
     assert call(tokens, path="/load", headers=(octet, auth), routes=routes)[::3] == (415, False)
-    assert call(tokens, path="/load", headers=(json_type, auth, ("Accept", "application/octet-stream")),
-                routes=routes)[::3] == (406, False)
+    assert call(tokens, path="/load", headers=(json_type, auth, ("Accept", "application/octet-stream")), routes=routes)[
+        ::3
+    ] == (406, False)
     assert call(tokens, path="/load", headers=(json_type, auth, ("Accept", "*/*")), routes=routes)[::3] == (200, True)

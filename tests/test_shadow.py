@@ -19,8 +19,8 @@ import pytest
 
 from common import wire
 from common.breaker import BreakerState, CircuitBreaker
-from common.feature_tensor import LAYOUT, PREMEAN
 from common.feature_runner_api import ModelRunnerUnavailable, PredictBatch
+from common.feature_tensor import LAYOUT, PREMEAN
 from services.answer import MULTILABEL_THRESHOLD
 from services.prediction import PredictionCore
 from services.protocol import PredictRequest
@@ -125,22 +125,30 @@ class Recorder:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + requests
 
 
-def make(runners: FakeFeatureRunner, shadow: str | None = V1, share: float = 1.0, failures: int = 100,
-         **canary_kw) -> tuple[PredictionCore, ShadowCanary]:
+def make(
+    runners: FakeFeatureRunner, shadow: str | None = V1, share: float = 1.0, failures: int = 100, **canary_kw
+) -> tuple[PredictionCore, ShadowCanary]:
     """Inside the (virtual-time) loop: every breaker and the canary on the loop's clock."""
     clock = asyncio.get_running_loop().time
     route = PinnedRoute(shadow, share)
     canary_kw.setdefault("breaker", CircuitBreaker("shadow", failures=3, reset_s=60, clock=clock))
     canary = ShadowCanary(route.shadow_for, runners.shadow, clock=clock, rng=random.Random(7), **canary_kw)
-    core = PredictionCore(route, runners.primary, CircuitBreaker("f", failures=failures, clock=clock),
-                          CircuitBreaker("m", failures=failures, reset_s=60, clock=clock), timeout_s=1.0,
-                          shadow=canary)
+    core = PredictionCore(
+        route,
+        runners.primary,
+        CircuitBreaker("f", failures=failures, clock=clock),
+        CircuitBreaker("m", failures=failures, reset_s=60, clock=clock),
+        timeout_s=1.0,
+        shadow=canary,
+    )
     return core, canary
 
 
 def requests(n: int, seeded: bool = True) -> list[PredictRequest]:
-    return [PredictRequest(node_ids=[(7 * i + k) % 50 for k in range(1 + i % 4)], seed=1000 + i if seeded else None)
-            for i in range(n)]
+    return [
+        PredictRequest(node_ids=[(7 * i + k) % 50 for k in range(1 + i % 4)], seed=1000 + i if seeded else None)
+        for i in range(n)
+    ]
 
 
 def test_the_shadow_sees_the_primarys_neighbourhood_same_version_equal_answers():
@@ -221,10 +229,16 @@ def test_the_shadow_runs_on_its_primarys_input_layout():
         return canary.pairs[(V1, V1)]
 
     stats = run(main())
-    primary_layout = {(n, s): p for (_, ids, seeds), p in zip(runners.calls["primary"], runners.layouts["primary"])
-                      for n, s in zip(ids, seeds)}
-    shadow_layout = {(n, s): p for (_, ids, seeds), p in zip(runners.calls["shadow"], runners.layouts["shadow"])
-                     for n, s in zip(ids, seeds)}
+    primary_layout = {
+        (n, s): p
+        for (_, ids, seeds), p in zip(runners.calls["primary"], runners.layouts["primary"])
+        for n, s in zip(ids, seeds)
+    }
+    shadow_layout = {
+        (n, s): p
+        for (_, ids, seeds), p in zip(runners.calls["shadow"], runners.layouts["shadow"])
+        for n, s in zip(ids, seeds)
+    }
     assert shadow_layout == primary_layout and set(primary_layout.values()) == {PREMEAN, LAYOUT}
     assert len(runners.calls["shadow"]) == 2  # all waited together: one call per layout
     assert stats.requests == 8 and stats.agreement == 1.0 and stats.diff.max == 0.0
@@ -232,10 +246,12 @@ def test_the_shadow_runs_on_its_primarys_input_layout():
 
 def direct_figures(reqs: list[PredictRequest], multilabel: bool = False) -> dict:
     """Agreement, differences and confusion computed straight from the two versions' answers."""
-    p = np.concatenate([fake_probs(V1, np.array(r.node_ids), np.full(len(r.node_ids), r.seed), multilabel)
-                        for r in reqs])
-    q = np.concatenate([fake_probs(V2, np.array(r.node_ids), np.full(len(r.node_ids), r.seed), multilabel)
-                        for r in reqs])
+    p = np.concatenate(
+        [fake_probs(V1, np.array(r.node_ids), np.full(len(r.node_ids), r.seed), multilabel) for r in reqs]
+    )
+    q = np.concatenate(
+        [fake_probs(V2, np.array(r.node_ids), np.full(len(r.node_ids), r.seed), multilabel) for r in reqs]
+    )
     diff = np.abs(p.astype(np.float64) - q).max(1)
     if multilabel:
         pon, qon = p >= MULTILABEL_THRESHOLD, q >= MULTILABEL_THRESHOLD
@@ -251,8 +267,14 @@ def direct_figures(reqs: list[PredictRequest], multilabel: bool = False) -> dict
         for a, b in zip(p.argmax(1), q.argmax(1)):
             confusion[a, b] += 1
     exact_p99 = np.sort(diff)[math.ceil(0.99 * len(diff)) - 1]
-    return {"p": p, "predictions": len(diff), "agreed": int(agree.sum()), "mean": float(diff.mean()),
-            "p99": float(exact_p99), "confusion": confusion}
+    return {
+        "p": p,
+        "predictions": len(diff),
+        "agreed": int(agree.sum()),
+        "mean": float(diff.mean()),
+        "p99": float(exact_p99),
+        "confusion": confusion,
+    }
 
 
 @pytest.mark.parametrize("multilabel", [False, True], ids=["multiclass", "multilabel"])

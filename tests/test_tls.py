@@ -37,8 +37,9 @@ def test_the_feature_cache_reads_and_writes_redis_over_tls(tls_redis, cert):
     rows = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
 
     async def run(ca_file: str) -> tuple[np.ndarray, np.ndarray, int]:
-        l2 = RedisFeatureLevel.from_url(tls_redis.tls_url, "graph-snapshot:tls", 8, ttl_s=60, timeout_s=2.0,
-                                        retry_backoff_s=0.1, ca_file=ca_file)
+        l2 = RedisFeatureLevel.from_url(
+            tls_redis.tls_url, "graph-snapshot:tls", 8, ttl_s=60, timeout_s=2.0, retry_backoff_s=0.1, ca_file=ca_file
+        )
         try:
             await l2.put(np.arange(4), rows)
             hit, got = await l2.get(np.arange(4))
@@ -57,8 +58,9 @@ def test_the_feature_cache_reads_and_writes_redis_over_tls(tls_redis, cert):
 
 def test_the_rate_limiter_shares_its_buckets_over_tls(tls_redis, cert):
     async def run() -> tuple[list[bool], dict]:
-        limiter = RedisRateLimiter.from_url(tls_redis.tls_url, rate_per_s=0.001, burst=2, timeout_s=2.0,
-                                            ca_file=cert.ca_file)
+        limiter = RedisRateLimiter.from_url(
+            tls_redis.tls_url, rate_per_s=0.001, burst=2, timeout_s=2.0, ca_file=cert.ca_file
+        )
         try:
             return [(await limiter.acquire("key")).allowed for _ in range(3)], limiter.stats()
         finally:
@@ -72,9 +74,16 @@ def test_the_gateway_serves_https_and_grpc_over_tls(demo_store, cert, tmp_path):
     from services.grpc_client import predict as grpc_predict
 
     grpc_port = free_port()
-    app = SplitApp(demo_store.home, {"GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_GRPC_PORT": str(grpc_port),
-                                     "GSAGE_TLS_CERT_FILE": cert.cert_file, "GSAGE_TLS_KEY_FILE": cert.key_file},
-                   log_dir=str(tmp_path))
+    app = SplitApp(
+        demo_store.home,
+        {
+            "GSAGE_MODEL_TAGS": demo_store.v1,
+            "GSAGE_GRPC_PORT": str(grpc_port),
+            "GSAGE_TLS_CERT_FILE": cert.cert_file,
+            "GSAGE_TLS_KEY_FILE": cert.key_file,
+        },
+        log_dir=str(tmp_path),
+    )
     try:
         app.start()
         https = app.gateway.url

@@ -24,8 +24,11 @@ def test_compact_and_train_on_the_living_graph(demo_store, tmp_path, monkeypatch
 
         base = load_snapshot()
     new = base.num_nodes + 3
-    ops = [{"op": "add_node", "id": new, "features": [0.5] * base.feature_dim, "label": 2},
-           {"op": "add_edge", "src": new, "dst": 1}, {"op": "remove_edge", "src": 1, "dst": int(base.indices[base.indptr[1]])}]
+    ops = [
+        {"op": "add_node", "id": new, "features": [0.5] * base.feature_dim, "label": 2},
+        {"op": "add_edge", "src": new, "dst": 1},
+        {"op": "remove_edge", "src": 1, "dst": int(base.indices[base.indptr[1]])},
+    ]
 
     async def write() -> None:
         log = FileUpdateLog(log_dir)
@@ -40,5 +43,5 @@ def test_compact_and_train_on_the_living_graph(demo_store, tmp_path, monkeypatch
     with bentoml_home(home):
         snap = load_snapshot(compacted["snapshot"])
     assert snap.log_sequence == 1 and snap.num_nodes == new + 1 and snap.labels[new] == 2
-    assert 1 in snap.indices[snap.indptr[new]:snap.indptr[new + 1]].tolist()
+    assert 1 in snap.indices[snap.indptr[new] : snap.indptr[new + 1]].tolist()
     assert snap.extra["compacted_from"] == base.tag

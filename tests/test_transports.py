@@ -17,8 +17,18 @@ from common.service_auth import ServiceTokens
 from harness.ports import free_port
 
 TOKEN = "t" * 24
-INFO = {"tag": "graphsage:v1", "backend": "onnx-cpu", "precision": "fp32", "aggregator": "mean", "fanout": [2],
-        "feature_dim": 4, "num_classes": 2, "task": "multiclass", "input_layouts": ["levels-v1"], "loaded_at": 1.5}
+INFO = {
+    "tag": "graphsage:v1",
+    "backend": "onnx-cpu",
+    "precision": "fp32",
+    "aggregator": "mean",
+    "fanout": [2],
+    "feature_dim": 4,
+    "num_classes": 2,
+    "task": "multiclass",
+    "input_layouts": ["levels-v1"],
+    "loaded_at": 1.5,
+}
 
 
 class FakeRunner:
@@ -45,14 +55,17 @@ class FakeRunner:
                 return
             status, payload, *extra = reply
             more = "".join(f"{k}: {v}\r\n" for k, v in (extra[0] if extra else {}).items()).encode()
-            writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
-                         % (status, more, len(payload), payload))
+            writer.write(
+                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+                % (status, more, len(payload), payload)
+            )
             await writer.drain()
 
     async def run(self, work):
         server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        transport = HttpTransport("FakeRunner", f"http://127.0.0.1:{self.port}", ServiceTokens([TOKEN]),
-                                  retry_pauses_s=(0.0, 0.0))
+        transport = HttpTransport(
+            "FakeRunner", f"http://127.0.0.1:{self.port}", ServiceTokens([TOKEN]), retry_pauses_s=(0.0, 0.0)
+        )
         try:
             return await work(ModelRunnerApi(transport))
         finally:
@@ -61,8 +74,9 @@ class FakeRunner:
 
 
 def test_calls_carry_the_token_and_their_endpoints_media_type_never_pickle():
-    fake = FakeRunner([(200, json.dumps(INFO).encode()), (200, json.dumps({"loaded": [], "batches": {},
-                                                                            "worker_pid": 1}).encode())])
+    fake = FakeRunner(
+        [(200, json.dumps(INFO).encode()), (200, json.dumps({"loaded": [], "batches": {}, "worker_pid": 1}).encode())]
+    )
 
     async def work(client):
         assert (await client.load("graphsage:v1")).tag == "graphsage:v1"
@@ -77,10 +91,16 @@ def test_calls_carry_the_token_and_their_endpoints_media_type_never_pickle():
     assert INFER.takes.media_type == "application/octet-stream"
 
 
-@pytest.mark.parametrize("status, kind, cls", [(400, "invalid_request", ApiError), (404, "unknown_version", ApiError),
-                                                (422, "incompatible_input", ApiError),
-                                                (503, "model_runner_unavailable", ModelRunnerUnavailable),
-                                                (500, "internal", ApiError)])
+@pytest.mark.parametrize(
+    "status, kind, cls",
+    [
+        (400, "invalid_request", ApiError),
+        (404, "unknown_version", ApiError),
+        (422, "incompatible_input", ApiError),
+        (503, "model_runner_unavailable", ModelRunnerUnavailable),
+        (500, "internal", ApiError),
+    ],
+)
 def test_an_error_comes_back_as_the_same_error_and_is_not_retried(status, kind, cls):
     """The runner's ErrorBody and its Retry-After (a value no default has) cross the hop."""
     body = {"error": "the reason", "status": status, "type": kind, "param": "tag"}
@@ -92,7 +112,12 @@ def test_an_error_comes_back_as_the_same_error_and_is_not_retried(status, kind, 
         return info.value
 
     exc = asyncio.run(fake.run(work))
-    assert isinstance(exc, cls) and (exc.status, exc.type, exc.message, exc.param) == (status, kind, "the reason", "tag")
+    assert isinstance(exc, cls) and (exc.status, exc.type, exc.message, exc.param) == (
+        status,
+        kind,
+        "the reason",
+        "tag",
+    )
     assert exc.headers == {"Retry-After": "7"} and len(fake.requests) == 1
 
 

@@ -21,13 +21,13 @@ import sys
 import time
 import uuid
 import zlib
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 import pytest
 
 from runners.feature import update_log
-from runners.feature.update_log import base, file_log
 from runners.feature.update_log import (
     FileUpdateLog,
     LogEntry,
@@ -36,6 +36,8 @@ from runners.feature.update_log import (
     RedisUpdateLog,
     SequenceConflict,
     UpdateLog,
+    base,
+    file_log,
     update_log_from,
 )
 
@@ -74,15 +76,20 @@ def backend(request, tmp_path) -> Backend:
     return Backend(request.param, url=server.url, key=f"t-{uuid.uuid4().hex[:12]}", server=server)
 
 
-with_cluster = pytest.mark.parametrize("backend", [
-    "file",
-    pytest.param("redis", marks=pytest.mark.integration),
-    pytest.param("cluster", marks=pytest.mark.integration),
-], indirect=True)
+with_cluster = pytest.mark.parametrize(
+    "backend",
+    [
+        "file",
+        pytest.param("redis", marks=pytest.mark.integration),
+        pytest.param("cluster", marks=pytest.mark.integration),
+    ],
+    indirect=True,
+)
 
 
 def run(backend: Backend, body: Callable[..., Awaitable[Any]], n: int = 1) -> Any:
     """Run ``body(log_1, ..., log_n)``: n independent log objects on the backend's storage."""
+
     async def main():
         logs = [backend.open() for _ in range(n)]
         try:
@@ -127,8 +134,7 @@ def test_compare_and_append(backend):
         assert await other.head() == 1 and seqs(await other.read(0)) == [1]
 
         # Two writers with the same expected head: exactly one wins, nothing is duplicated.
-        results = await asyncio.gather(log.append(ops(1), 1), other.append(ops(2), 1),
-                                       return_exceptions=True)
+        results = await asyncio.gather(log.append(ops(1), 1), other.append(ops(2), 1), return_exceptions=True)
         assert sorted(type(r).__name__ for r in results) == ["LogEntry", "SequenceConflict"]
         winner = next(r for r in results if isinstance(r, LogEntry))
         assert winner.sequence == 2 and seqs(await log.read(0)) == [1, 2]
@@ -362,7 +368,7 @@ def parse_segment(path: str) -> list[int]:
     offset = 0
     while offset < len(data):
         magic, seq, length, crc = struct.unpack_from("<4sQII", data, offset)
-        payload = data[offset + 20:offset + 20 + length]
+        payload = data[offset + 20 : offset + 20 + length]
         assert magic == b"GSL1" and len(payload) == length and zlib.crc32(payload) == crc
         doc = orjson.loads(payload)
         assert set(doc) == {"ops", "acked_at"}
@@ -399,8 +405,13 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
 
 
 def child(*args: str | int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> Any:
@@ -418,8 +429,7 @@ def test_file_log_between_processes(tmp_path):
         assert seqs(await log.read(0)) == [1, 2, 3]
         assert await log.head() == 3
         await log.append(ops(3), 3)
-        assert finish(child(directory, "read", 2, 0)) == [[3, [{"op": "mark", "writer": "child", "i": 2}]],
-                                                          [4, ops(3)]]
+        assert finish(child(directory, "read", 2, 0)) == [[3, [{"op": "mark", "writer": "child", "i": 2}]], [4, ops(3)]]
 
     asyncio.run(main())
 
@@ -427,8 +437,10 @@ def test_file_log_between_processes(tmp_path):
 def test_file_log_concurrent_writer_processes(tmp_path):
     directory = str(tmp_path / "log")
     n = 15
-    procs = {name: child(directory, mode, name, n)
-             for name, mode in (("l1", "lock"), ("l2", "lock"), ("r1", "retry"), ("r2", "retry"))}
+    procs = {
+        name: child(directory, mode, name, n)
+        for name, mode in (("l1", "lock"), ("l2", "lock"), ("r1", "retry"), ("r2", "retry"))
+    }
     results = {name: finish(proc) for name, proc in procs.items()}
     assert results["l1"]["conflicts"] == results["l2"]["conflicts"] == 0
 
@@ -439,8 +451,9 @@ def test_file_log_concurrent_writer_processes(tmp_path):
             assert [e.ops[0]["i"] for e in entries if e.ops[0]["writer"] == name] == list(range(n))
 
     asyncio.run(main())
-    assert [s for seg in segments(directory) for s in parse_segment(os.path.join(directory, seg))] \
-        == list(range(1, 4 * n + 1))
+    assert [s for seg in segments(directory) for s in parse_segment(os.path.join(directory, seg))] == list(
+        range(1, 4 * n + 1)
+    )
 
 
 def torn_record(seq: int, tamper: str) -> bytes:
@@ -457,8 +470,9 @@ def torn_record(seq: int, tamper: str) -> bytes:
     }[tamper]
 
 
-@pytest.mark.parametrize("tamper", ["garbage", "short_header", "short_payload", "bad_crc", "wrong_magic",
-                                    "wrong_sequence"])
+@pytest.mark.parametrize(
+    "tamper", ["garbage", "short_header", "short_payload", "bad_crc", "wrong_magic", "wrong_sequence"]
+)
 def test_file_torn_tail_is_ignored_then_repaired(tmp_path, tamper):
     directory = str(tmp_path / "log")
 
@@ -608,7 +622,7 @@ def test_file_segment_roll_and_whole_segment_trim(tmp_path, monkeypatch):
         # Whole segments only: the one holding 10 stays, with everything after it.
         kept = max(f for f in firsts if f <= 10)
         assert await writer.trim(9) == kept - 1
-        assert segments(directory) == names[firsts.index(kept):]
+        assert segments(directory) == names[firsts.index(kept) :]
         with pytest.raises(LogTrimmed):
             await late.read(kept - 2)  # its cursor's segment is gone
         assert seqs(await late.read(kept - 1)) == list(range(kept, 21))
@@ -703,9 +717,15 @@ def test_redis_down_is_log_unavailable_then_it_recovers(redis_standalone):
         try:
             await log.append(ops(0), 0)
             redis_standalone.kill()
-            calls = [lambda: log.head(), lambda: log.append(ops(1), 1), lambda: log.read(0),
-                     lambda: log.wait(0, 0.05), lambda: log.trim(1),
-                     lambda: log.publish_status("w", {}), lambda: log.statuses()]
+            calls = [
+                lambda: log.head(),
+                lambda: log.append(ops(1), 1),
+                lambda: log.read(0),
+                lambda: log.wait(0, 0.05),
+                lambda: log.trim(1),
+                lambda: log.publish_status("w", {}),
+                lambda: log.statuses(),
+            ]
             for call in calls:
                 with pytest.raises(LogUnavailable) as info:
                     await call()
@@ -762,20 +782,32 @@ def warned(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "graphsage.graph" and r.levelname == "WARNING"]
 
 
-@pytest.mark.parametrize("config, wanted", [
-    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"}, []),
-    # volatile-* evicts only keys with a TTL, and the log's keys have none.
-    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "volatile-lru"}, []),
-    ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "allkeys-lfu"},
-     ["maxmemory-policy allkeys-lfu"]),
-    ({"appendonly": "no", "appendfsync": "always", "maxmemory-policy": "noeviction"}, ["appendonly no"]),
-    ({"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}, ["appendfsync everysec"]),
-    ({"appendonly": "no", "appendfsync": "everysec", "maxmemory-policy": "allkeys-lru"},
-     ["maxmemory-policy allkeys-lru", "appendonly no"]),
-    ({"appendonly": None, "appendfsync": None, "maxmemory-policy": None},
-     ["maxmemory-policy could not be read", "appendonly could not be read"]),
-    ({"appendonly": "yes", "appendfsync": None, "maxmemory-policy": "noeviction"}, ["appendfsync could not be read"]),
-])
+@pytest.mark.parametrize(
+    "config, wanted",
+    [
+        ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"}, []),
+        # volatile-* evicts only keys with a TTL, and the log's keys have none.
+        ({"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "volatile-lru"}, []),
+        (
+            {"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "allkeys-lfu"},
+            ["maxmemory-policy allkeys-lfu"],
+        ),
+        ({"appendonly": "no", "appendfsync": "always", "maxmemory-policy": "noeviction"}, ["appendonly no"]),
+        ({"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}, ["appendfsync everysec"]),
+        (
+            {"appendonly": "no", "appendfsync": "everysec", "maxmemory-policy": "allkeys-lru"},
+            ["maxmemory-policy allkeys-lru", "appendonly no"],
+        ),
+        (
+            {"appendonly": None, "appendfsync": None, "maxmemory-policy": None},
+            ["maxmemory-policy could not be read", "appendonly could not be read"],
+        ),
+        (
+            {"appendonly": "yes", "appendfsync": None, "maxmemory-policy": "noeviction"},
+            ["appendfsync could not be read"],
+        ),
+    ],
+)
 def test_durability_problems_name_the_server_the_setting_and_the_loss(config, wanted):
     problems = update_log.durability_problems("10.0.0.7:6379", config)
     assert len(problems) == len(wanted), problems
@@ -795,6 +827,7 @@ def test_redis_durability_check_warns_about_a_cache_not_about_a_durable_server(r
         assert "acknowledged graph updates can be lost" in warning
     caplog.clear()
     assert check_durability(durable.url) == [] and warned(caplog) == []
+
     # A warning, not a refusal: the log works on the cache all the same.
     async def append_on_cache():
         log = RedisUpdateLog.from_url(cache.url, key="durability")

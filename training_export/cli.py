@@ -46,14 +46,24 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> SyntheticGraphSpec:
-    return SyntheticGraphSpec(num_nodes=args.nodes, num_edges=args.edges, num_classes=args.classes,
-                              task="multilabel" if args.multilabel else "multiclass", seed=args.seed)
+    return SyntheticGraphSpec(
+        num_nodes=args.nodes,
+        num_edges=args.edges,
+        num_classes=args.classes,
+        task="multilabel" if args.multilabel else "multiclass",
+        seed=args.seed,
+    )
 
 
 def _model_config(snapshot: GraphSnapshot, args: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(in_dim=snapshot.feature_dim, hidden_dim=args.hidden, num_classes=snapshot.num_classes,
-                       fanout=tuple(int(k) for k in args.fanout.split(",")), aggregator=args.aggregator,
-                       task=snapshot.task)
+    return ModelConfig(
+        in_dim=snapshot.feature_dim,
+        hidden_dim=args.hidden,
+        num_classes=snapshot.num_classes,
+        fanout=tuple(int(k) for k in args.fanout.split(",")),
+        aggregator=args.aggregator,
+        task=snapshot.task,
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,8 +75,10 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def _summary(snapshot: GraphSnapshot) -> dict[str, Any]:
     meta = snapshot.metadata()
-    return {k: meta[k] for k in ("num_nodes", "num_edges", "feature_dim", "num_classes", "task",
-                                 "degree_mean", "degree_max")}
+    return {
+        k: meta[k]
+        for k in ("num_nodes", "num_edges", "feature_dim", "num_classes", "task", "degree_mean", "degree_max")
+    }
 
 
 def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[str, Any]:
@@ -81,11 +93,19 @@ def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[st
     metrics["features_only_test_score"] = baseline["test_score"]
     metrics["metric"] = "accuracy" if cfg.task == "multiclass" else "micro_f1"
     int8 = getattr(args, "int8", False)
-    _log("exporting to ONNX and checking parity (PyG vs dense torch vs ONNX Runtime)"
-         + ("; INT8: quantising and guarding" if int8 else ""))
+    _log(
+        "exporting to ONNX and checking parity (PyG vs dense torch vs ONNX Runtime)"
+        + ("; INT8: quantising and guarding" if int8 else "")
+    )
     tag, parity = export_and_verify(model, snapshot, metrics, int8=int8)
-    result = {"graphsage": tag, "graph_snapshot": snapshot.tag, "aggregator": cfg.aggregator,
-              "metrics": metrics, "parity": parity, "passed": parity["passed"]}
+    result = {
+        "graphsage": tag,
+        "graph_snapshot": snapshot.tag,
+        "aggregator": cfg.aggregator,
+        "metrics": metrics,
+        "parity": parity,
+        "passed": parity["passed"],
+    }
     if int8:
         import bentoml
 
@@ -96,9 +116,13 @@ def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[st
 def _int8_arg(p: argparse.ArgumentParser) -> None:
     # On by default: calibration and the guard's scoring add seconds, not minutes, to an export
     # (the export prints its steps' times: `"int8": {..., "seconds": ...}`).
-    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
-                   help="also store INT8 graphs (static quantisation calibrated on the training split), kept only "
-                        "if they lose <= 0.5 points of validation score (training_export/quantize.py; default: on)")
+    p.add_argument(
+        "--int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also store INT8 graphs (static quantisation calibrated on the training split), kept only "
+        "if they lose <= 0.5 points of validation score (training_export/quantize.py; default: on)",
+    )
 
 
 def _update_log() -> Any:
@@ -107,8 +131,9 @@ def _update_log() -> Any:
     from runners.feature.update_log import update_log_from
 
     cfg = load_settings()
-    log_ = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file,
-                           cfg.graph_log_key)
+    log_ = update_log_from(
+        cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file, cfg.graph_log_key
+    )
     return log_, cfg
 
 
@@ -129,9 +154,13 @@ def live_snapshot(tag: str) -> GraphSnapshot:
     snapshot = graph.materialize()
     added = [v for v, label in graph.labels.items() if v >= graph.base.num_nodes and graph.present[v]]
     snapshot.train = np.concatenate([snapshot.train, np.asarray(sorted(added), dtype=snapshot.train.dtype)])
-    snapshot.tag = f"{graph.base.tag}+{graph.sequence - graph.base.log_sequence} updates (log sequence {graph.sequence})"
-    _log(f"living graph: {graph.base.tag} + the update log up to {graph.sequence}: {snapshot.num_nodes:,} nodes, "
-         f"{snapshot.num_edges:,} edges, {len(added)} new labelled nodes in the training split")
+    snapshot.tag = (
+        f"{graph.base.tag}+{graph.sequence - graph.base.log_sequence} updates (log sequence {graph.sequence})"
+    )
+    _log(
+        f"living graph: {graph.base.tag} + the update log up to {graph.sequence}: {snapshot.num_nodes:,} nodes, "
+        f"{snapshot.num_edges:,} edges, {len(added)} new labelled nodes in the training split"
+    )
     return snapshot
 
 
@@ -169,15 +198,21 @@ def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
     rows = {}
     for aggregator in AGGREGATORS:
         args.aggregator = aggregator
-        model, _ = train_graphsage(snapshot, _model_config(snapshot, args),
-                                   TrainSpec(epochs=1, max_train_nodes=args.max_train_nodes or 4096, eval_nodes=512),
-                                   progress=False)
+        model, _ = train_graphsage(
+            snapshot,
+            _model_config(snapshot, args),
+            TrainSpec(epochs=1, max_train_nodes=args.max_train_nodes or 4096, eval_nodes=512),
+            progress=False,
+        )
         with tempfile.TemporaryDirectory() as tmp:
             paths = export_all(to_dense(model), tmp)
-            rows[aggregator] = check_parity(model, paths[0], snapshot, count=args.targets,
-                                            premean_path=(paths[1:] or [None])[0])
-        _log(f"{aggregator:5s} max|diff| torch={rows[aggregator]['max_abs_diff_torch']:.2e} "
-             f"onnx={rows[aggregator]['max_abs_diff_onnx']:.2e} argmax_equal={rows[aggregator]['argmax_equal']}")
+            rows[aggregator] = check_parity(
+                model, paths[0], snapshot, count=args.targets, premean_path=(paths[1:] or [None])[0]
+            )
+        _log(
+            f"{aggregator:5s} max|diff| torch={rows[aggregator]['max_abs_diff_torch']:.2e} "
+            f"onnx={rows[aggregator]['max_abs_diff_onnx']:.2e} argmax_equal={rows[aggregator]['argmax_equal']}"
+        )
     return {"parity": rows, "passed": all(r["passed"] for r in rows.values())}
 
 
@@ -192,16 +227,19 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     result = train_and_save(snapshot, args)
     result["total_seconds"] = round(time.perf_counter() - started, 1)
     m = result["metrics"]
-    _log(f"\n  graph-snapshot : {result['graph_snapshot']}\n  graphsage      : {result['graphsage']}\n"
-         f"  test {m['metric']}: GraphSAGE {m['test_score']:.4f} vs features-only {m['features_only_test_score']:.4f}\n"
-         f"  parity         : max|diff| onnx {result['parity']['max_abs_diff_onnx']:.1e}, passed={result['parity']['passed']}\n"
-         f"  total          : {result['total_seconds']} s")
+    _log(
+        f"\n  graph-snapshot : {result['graph_snapshot']}\n  graphsage      : {result['graphsage']}\n"
+        f"  test {m['metric']}: GraphSAGE {m['test_score']:.4f} vs features-only {m['features_only_test_score']:.4f}\n"
+        f"  parity         : max|diff| onnx {result['parity']['max_abs_diff_onnx']:.1e}, passed={result['parity']['passed']}\n"
+        f"  total          : {result['total_seconds']} s"
+    )
     return result
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m training_export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m training_export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("generate", help="generate a synthetic graph snapshot and store it")
     _graph_args(p)
@@ -211,8 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=importer.run)
     p = sub.add_parser("train", help="train, export, verify and store a model for a stored snapshot")
     p.add_argument("--snapshot", default="graph-snapshot:latest")
-    p.add_argument("--live", action="store_true",
-                   help="train on the living graph: the snapshot with the update log applied (GSAGE_GRAPH_LOG*)")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="train on the living graph: the snapshot with the update log applied (GSAGE_GRAPH_LOG*)",
+    )
     _train_args(p)
     _int8_arg(p)
     p.set_defaults(func=cmd_train)

@@ -20,14 +20,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from runners.graphsage.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
 from common.feature_tensor import LAYOUT, PREMEAN
-from runners.feature.tree_layout import compact, premean
-from runners.graphsage.model_artifacts import (CONFIG_FILE, INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, MODEL_NAME, ONNX_FILE,
-                                               ONNX_PREMEAN_FILE, PROBE_FILE, STATE_DICT_FILE, TENSORRT_DIR)
-from runners.graphsage.model_config import ModelConfig
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
+from runners.feature.tree_layout import compact, premean
+from runners.graphsage.dense_model import DenseGraphSAGE, PremeanInputs, supports_premean
+from runners.graphsage.model_artifacts import (
+    CONFIG_FILE,
+    INT8_ONNX_FILE,
+    INT8_ONNX_PREMEAN_FILE,
+    MODEL_NAME,
+    ONNX_FILE,
+    ONNX_PREMEAN_FILE,
+    PROBE_FILE,
+    STATE_DICT_FILE,
+    TENSORRT_DIR,
+)
+from runners.graphsage.model_config import ModelConfig
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 PARITY_TOLERANCE = 1e-4
@@ -56,8 +65,13 @@ def export_onnx(dense: DenseGraphSAGE, path: str, premean: bool = False) -> str:
         example.append(torch.zeros(rows, k, dtype=torch.int32))
         rows *= k
     names = ["features", *index_names]
-    dynamic = {"features": {0: "num_rows"}, **{n: {0: f"rows_{n}"} for n in index_names},
-               "logits": {0: "batch"}, "probs": {0: "batch"}, "embedding": {0: "batch"}}
+    dynamic = {
+        "features": {0: "num_rows"},
+        **{n: {0: f"rows_{n}"} for n in index_names},
+        "logits": {0: "batch"},
+        "probs": {0: "batch"},
+        "embedding": {0: "batch"},
+    }
     module: torch.nn.Module = dense
     if premean:
         module = PremeanInputs(dense)
@@ -67,8 +81,14 @@ def export_onnx(dense: DenseGraphSAGE, path: str, premean: bool = False) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # LSTM batch-size warnings of the TorchScript exporter
         torch.onnx.export(
-            module, (torch.zeros(4, cfg.in_dim), *example), path, dynamo=False, opset_version=OPSET,
-            input_names=names, output_names=["logits", "probs", "embedding"], dynamic_axes=dynamic,
+            module,
+            (torch.zeros(4, cfg.in_dim), *example),
+            path,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=names,
+            output_names=["logits", "probs", "embedding"],
+            dynamic_axes=dynamic,
         )
     return path
 
@@ -90,8 +110,9 @@ def parity_targets(snapshot: GraphSnapshot, count: int, seed: int) -> np.ndarray
     return np.concatenate([hubs, rest]).astype(np.int64)
 
 
-def _sampled_reference(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int,
-                       seed: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], torch.Tensor]:
+def _sampled_reference(
+    model: PygGraphSAGE, snapshot: GraphSnapshot, count: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], torch.Tensor]:
     """Targets sampled as ``parity_targets``, their FeatureTensor (float32 rows, one index per hop)
     as the FeatureRunner builds it, and PyG's logits on the same trees. Leaves ``model`` in eval."""
     model.eval()
@@ -104,8 +125,14 @@ def _sampled_reference(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int,
     return targets, feats, index, ref
 
 
-def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, count: int = 256,
-                 seed: int = 0, premean_path: str | None = None) -> dict[str, Any]:
+def check_parity(
+    model: PygGraphSAGE,
+    onnx_path: str,
+    snapshot: GraphSnapshot,
+    count: int = 256,
+    seed: int = 0,
+    premean_path: str | None = None,
+) -> dict[str, Any]:
     """PyG vs dense torch vs ONNX Runtime on the same sampled trees; ``premean_path``: also the
     graph with the premean input, fed as the FeatureRunner feeds it (``tree_layout.premean``)."""
     import onnxruntime as ort
@@ -121,16 +148,22 @@ def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, c
         "targets": int(targets.size),
         "max_abs_diff_torch": float(np.abs(ref_np - dense_logits.numpy()).max()),
         "max_abs_diff_onnx": float(np.abs(ref_np - onnx_logits).max()),
-        "argmax_equal": bool((ref_np.argmax(1) == onnx_logits.argmax(1)).all()
-                             and (ref_np.argmax(1) == dense_logits.numpy().argmax(1)).all()),
+        "argmax_equal": bool(
+            (ref_np.argmax(1) == onnx_logits.argmax(1)).all()
+            and (ref_np.argmax(1) == dense_logits.numpy().argmax(1)).all()
+        ),
         "tolerance": PARITY_TOLERANCE,
     }
     diffs = [result["max_abs_diff_torch"], result["max_abs_diff_onnx"]]
     if premean_path is not None:
         rows, inner, last_rows, last_mean = premean(feats, index, np.full(targets.size, seed))
         session = ort.InferenceSession(premean_path, providers=["CPUExecutionProvider"])
-        feed = {"features": rows, **{f"idx{d}": idx for d, idx in enumerate(inner)}, "last_rows": last_rows,
-                "last_mean": last_mean}
+        feed = {
+            "features": rows,
+            **{f"idx{d}": idx for d, idx in enumerate(inner)},
+            "last_rows": last_rows,
+            "last_mean": last_mean,
+        }
         premean_logits = session.run(["logits"], feed)[0]
         result["max_abs_diff_onnx_premean"] = float(np.abs(ref_np - premean_logits).max())
         result["argmax_equal"] = bool(result["argmax_equal"] and (ref_np.argmax(1) == premean_logits.argmax(1)).all())
@@ -139,22 +172,33 @@ def check_parity(model: PygGraphSAGE, onnx_path: str, snapshot: GraphSnapshot, c
     return result
 
 
-def make_probe(model: PygGraphSAGE, snapshot: GraphSnapshot, count: int = PROBE_TARGETS,
-               seed: int = 1) -> dict[str, np.ndarray]:
+def make_probe(
+    model: PygGraphSAGE, snapshot: GraphSnapshot, count: int = PROBE_TARGETS, seed: int = 1
+) -> dict[str, np.ndarray]:
     """The load probe: a sampled FeatureTensor (hubs and random nodes), its premean form where the
     model takes it (``pm_*``), and PyG's logits on it (``ref_logits``)."""
     targets, feats, index, ref = _sampled_reference(model, snapshot, count, seed)
     probe = {"features": feats, **{f"idx{d}": idx for d, idx in enumerate(index)}, "ref_logits": ref.numpy()}
     if supports_premean(model.cfg):
         rows, inner, last_rows, last_mean = premean(feats, index, np.full(targets.size, seed))
-        probe.update(pm_features=np.ascontiguousarray(rows), pm_last_rows=last_rows, pm_last_mean=last_mean,
-                     **{f"pm_idx{d}": idx for d, idx in enumerate(inner)})
+        probe.update(
+            pm_features=np.ascontiguousarray(rows),
+            pm_last_rows=last_rows,
+            pm_last_mean=last_mean,
+            **{f"pm_idx{d}": idx for d, idx in enumerate(inner)},
+        )
     return probe
 
 
-def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], parity: dict[str, Any],
-               onnx_dir: str | None = None, labels: dict[str, str] | None = None,
-               int8: dict[str, Any] | None = None) -> str:
+def save_model(
+    model: PygGraphSAGE,
+    snapshot_tag: str,
+    metrics: dict[str, Any],
+    parity: dict[str, Any],
+    onnx_dir: str | None = None,
+    labels: dict[str, str] | None = None,
+    int8: dict[str, Any] | None = None,
+) -> str:
     """Write ``graphsage:<version>`` (ONNX graphs, state dict, config, metadata); refuses failed
     parity. ``onnx_dir``: the checked graphs (``export_all``'s, and the INT8 graphs and the probe
     when made), exported afresh when None. ``int8``: the INT8 guard's figures (metadata ``int8``)."""
@@ -163,12 +207,21 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
     if not parity.get("passed"):
         raise ParityError(f"refusing to save a model that failed parity: {parity}")
     cfg: ModelConfig = model.cfg
-    meta = {"config": cfg.to_dict(), "aggregator": cfg.aggregator, "fanout": list(cfg.fanout),
-            "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes, "task": cfg.task,
-            "graph_snapshot": snapshot_tag, "metrics": metrics, "parity": parity,
-            "tensorrt_engines": {}, "input_layout": LAYOUT,
-            "input_layouts": [LAYOUT, PREMEAN] if supports_premean(cfg) else [LAYOUT],
-            "int8": int8 or {"stored": False}}
+    meta = {
+        "config": cfg.to_dict(),
+        "aggregator": cfg.aggregator,
+        "fanout": list(cfg.fanout),
+        "feature_dim": cfg.in_dim,
+        "num_classes": cfg.num_classes,
+        "task": cfg.task,
+        "graph_snapshot": snapshot_tag,
+        "metrics": metrics,
+        "parity": parity,
+        "tensorrt_engines": {},
+        "input_layout": LAYOUT,
+        "input_layouts": [LAYOUT, PREMEAN] if supports_premean(cfg) else [LAYOUT],
+        "int8": int8 or {"stored": False},
+    }
     with bentoml.models.create(
         MODEL_NAME,
         labels={"aggregator": cfg.aggregator, "task": cfg.task, **(labels or {})},
@@ -190,9 +243,14 @@ def save_model(model: PygGraphSAGE, snapshot_tag: str, metrics: dict[str, Any], 
     return str(entry.tag)
 
 
-def export_and_verify(model: PygGraphSAGE, snapshot: GraphSnapshot, metrics: dict[str, Any],
-                      parity_count: int = 256, int8: bool = False,
-                      int8_options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+def export_and_verify(
+    model: PygGraphSAGE,
+    snapshot: GraphSnapshot,
+    metrics: dict[str, Any],
+    parity_count: int = 256,
+    int8: bool = False,
+    int8_options: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
     """ONNX export + parity + load probe (+ INT8 and its guard) + save; returns (model tag,
     parity result). ``int8``: quantise and guard (``quantize.quantize_and_guard``, with
     ``int8_options``); a refusal is logged with its figures, recorded in the metadata, and the

@@ -32,7 +32,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +74,7 @@ def import_graph(
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if labels is None and task == "multilabel":
         raise ValueError("task='multilabel' needs a labels file; without one labels are a single class")
-    if not (0.0 <= train_fraction and 0.0 <= val_fraction and train_fraction + val_fraction <= 1.0):
+    if not (train_fraction >= 0.0 and val_fraction >= 0.0 and train_fraction + val_fraction <= 1.0):
         raise ValueError("train_fraction and val_fraction must be >= 0 and sum to at most 1")
 
     feats = read_features(features)
@@ -220,7 +220,8 @@ def _features_from_parquet(path: str) -> np.ndarray:
         bad = [c for c in columns if not _is_numeric(table.schema.field(c).type)]
         if bad:
             raise GraphImportError(
-                "features", path,
+                "features",
+                path,
                 f"non-numeric feature columns {bad}; expected a list column 'features' or numeric columns",
             )
         if not columns:
@@ -248,7 +249,9 @@ def _list_column_matrix(path: str, column: pa.ChunkedArray) -> np.ndarray:
     if n and (lengths != lengths[0]).any():
         row = int(np.argmax(lengths != lengths[0]))
         raise GraphImportError(
-            "features", path, f"column 'features' has rows of different lengths ({lengths[0]} vs {lengths[row]} in row {row})"
+            "features",
+            path,
+            f"column 'features' has rows of different lengths ({lengths[0]} vs {lengths[row]} in row {row})",
         )
     width = int(lengths[0]) if n else 0
     values = arr.flatten().to_numpy(zero_copy_only=False)
@@ -258,15 +261,13 @@ def _list_column_matrix(path: str, column: pa.ChunkedArray) -> np.ndarray:
 def _check_finite(path: str, feats: np.ndarray) -> None:
     bad_total, first_row = 0, -1
     for lo in range(0, feats.shape[0], _CHUNK_ROWS):
-        bad_rows = ~np.isfinite(feats[lo:lo + _CHUNK_ROWS])
+        bad_rows = ~np.isfinite(feats[lo : lo + _CHUNK_ROWS])
         count = int(bad_rows.sum())
         if count and first_row < 0:
             first_row = lo + int(np.argmax(bad_rows.any(axis=1)))
         bad_total += count
     if bad_total:
-        raise GraphImportError(
-            "features", path, f"{bad_total} NaN or infinite values (first in row {first_row})"
-        )
+        raise GraphImportError("features", path, f"{bad_total} NaN or infinite values (first in row {first_row})")
 
 
 # --- labels ------------------------------------------------------------------------------------
@@ -446,9 +447,7 @@ def _permutation(role: str, path: str, ids: np.ndarray, num_nodes: int) -> np.nd
         raise GraphImportError(role, path, f"duplicate node_id values ({int((seen > 1).sum())} ids, first: {first})")
     if ids.size != num_nodes:
         first = int(np.argmax(seen == 0))
-        raise GraphImportError(
-            role, path, f"covers {ids.size} of N={num_nodes} nodes (first missing node_id: {first})"
-        )
+        raise GraphImportError(role, path, f"covers {ids.size} of N={num_nodes} nodes (first missing node_id: {first})")
     return ids
 
 

@@ -28,8 +28,15 @@ class PaddedLSTMAggregation(LSTMAggregation):
 
     pad_to: int | None = None
 
-    def forward(self, x: Tensor, index: Tensor | None = None, ptr: Tensor | None = None,
-                dim_size: int | None = None, dim: int = -2, max_num_elements: int | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        index: Tensor | None = None,
+        ptr: Tensor | None = None,
+        dim_size: int | None = None,
+        dim: int = -2,
+        max_num_elements: int | None = None,
+    ) -> Tensor:
         return super().forward(x, index, ptr, dim_size, dim, max_num_elements=self.pad_to)
 
 

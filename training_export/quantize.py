@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from runners.feature.tree_layout import compact, premean
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
+from runners.feature.tree_layout import compact, premean
 from runners.graphsage.model_artifacts import INT8_ONNX_FILE, INT8_ONNX_PREMEAN_FILE, ONNX_FILE, ONNX_PREMEAN_FILE
 from runners.graphsage.model_config import ModelConfig
 
@@ -57,8 +57,9 @@ class QuantizationRefused(RuntimeError):
 Tensors = tuple[np.ndarray, list[np.ndarray], tuple[np.ndarray, np.ndarray] | None]
 
 
-def feature_tensors(snapshot: GraphSnapshot, cfg: ModelConfig, nodes: np.ndarray, batch: int, seed: int,
-                    layout: str) -> list[Tensors]:
+def feature_tensors(
+    snapshot: GraphSnapshot, cfg: ModelConfig, nodes: np.ndarray, batch: int, seed: int, layout: str
+) -> list[Tensors]:
     """``nodes`` in batches as the FeatureRunner sends them: (rows, index, premean inputs or None)."""
     out = []
     for n, lo in enumerate(range(0, nodes.size, batch)):
@@ -81,7 +82,13 @@ def _feed(names: list[str], t: Tensors) -> dict[str, np.ndarray]:
 def quantize_graph(src: str, dst: str, calibration: list[Tensors]) -> None:
     """``src`` (FP32 ONNX) -> ``dst`` (INT8 QDQ), ranges from ``calibration``."""
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     names = [i.name for i in onnx.load(src, load_external_data=False).graph.input]
 
@@ -100,11 +107,22 @@ def quantize_graph(src: str, dst: str, calibration: list[Tensors]) -> None:
     logging.getLogger().addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory() as tmp:  # the calibrator's augmented model goes here
-            quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=list(QUANTIZED_OPS),
-                            per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                            calibrate_method=CalibrationMethod.MinMax,
-                            extra_options={"ActivationSymmetric": True, "CalibTensorRangeSymmetric": True,
-                                           "CalibIntermediateOutputPath": os.path.join(tmp, "augmented.onnx")})
+            quantize_static(
+                src,
+                dst,
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(QUANTIZED_OPS),
+                per_channel=True,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+                extra_options={
+                    "ActivationSymmetric": True,
+                    "CalibTensorRangeSymmetric": True,
+                    "CalibIntermediateOutputPath": os.path.join(tmp, "augmented.onnx"),
+                },
+            )
     finally:
         logging.getLogger().removeFilter(quiet)
 
@@ -143,8 +161,9 @@ class _Runner:
             from runners.graphsage.backends import OPENVINO_CONFIG
 
             core = ov.Core()
-            request = core.compile_model(core.read_model(path), "CPU",
-                                         {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": 1}).create_infer_request()
+            request = core.compile_model(
+                core.read_model(path), "CPU", {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": 1}
+            ).create_infer_request()
             self._run = lambda feed: (lambda out: (out[0], out[1]))(request.infer(feed, share_outputs=False))
 
     def __call__(self, t: Tensors) -> tuple[np.ndarray, np.ndarray]:
@@ -158,11 +177,18 @@ def _scores(task: str, runner: _Runner, tensors: list[Tensors], labels: np.ndarr
     return score(task, np.concatenate(logits), labels), np.concatenate(probs)
 
 
-def quantize_and_guard(snapshot: GraphSnapshot, cfg: ModelConfig, directory: str,
-                       probe: dict[str, np.ndarray] | None = None, guard_points: float = GUARD_POINTS,
-                       guard_nodes: int = GUARD_NODES, calibration_batches: int = CALIBRATION_BATCHES,
-                       calibration_targets: int = CALIBRATION_TARGETS, seed: int = 0,
-                       runtimes: list[str] | None = None) -> dict[str, Any]:
+def quantize_and_guard(
+    snapshot: GraphSnapshot,
+    cfg: ModelConfig,
+    directory: str,
+    probe: dict[str, np.ndarray] | None = None,
+    guard_points: float = GUARD_POINTS,
+    guard_nodes: int = GUARD_NODES,
+    calibration_batches: int = CALIBRATION_BATCHES,
+    calibration_targets: int = CALIBRATION_TARGETS,
+    seed: int = 0,
+    runtimes: list[str] | None = None,
+) -> dict[str, Any]:
     """Quantise every FP32 graph in ``directory`` (``export.export_all``'s) next to it and guard
     it; returns the figures (metadata ``int8``). ``probe``: the load probe, to which each
     runtime's INT8 probabilities are added. Raises ``QuantizationRefused`` (INT8 files removed)
@@ -176,12 +202,22 @@ def quantize_and_guard(snapshot: GraphSnapshot, cfg: ModelConfig, directory: str
     labels = np.asarray(snapshot.labels[val])
     runtimes = runtimes or runtimes_here()
     figures: dict[str, Any] = {
-        "stored": False, "guard_points": guard_points, "metric": "accuracy" if cfg.task == "multiclass" else "micro_f1",
+        "stored": False,
+        "guard_points": guard_points,
+        "metric": "accuracy" if cfg.task == "multiclass" else "micro_f1",
         "validation_nodes": int(val.size),
-        "calibration": {"split": "train", "targets": int(calib_nodes.size), "batches": calibration_batches,
-                        "method": "MinMax", "format": "QDQ", "weights": "int8 per channel", "activations": "int8",
-                        "ops": list(QUANTIZED_OPS)},
-        "runtimes": {rt: {"passed": True} for rt in runtimes}, "bytes": {},
+        "calibration": {
+            "split": "train",
+            "targets": int(calib_nodes.size),
+            "batches": calibration_batches,
+            "method": "MinMax",
+            "format": "QDQ",
+            "weights": "int8 per channel",
+            "activations": "int8",
+            "ops": list(QUANTIZED_OPS),
+        },
+        "runtimes": {rt: {"passed": True} for rt in runtimes},
+        "bytes": {},
     }
     written = []
     for layout, (fp32_file, int8_file) in GRAPHS.items():
@@ -201,9 +237,14 @@ def quantize_and_guard(snapshot: GraphSnapshot, cfg: ModelConfig, directory: str
             points = 100.0 * (fp32_score - int8_score)
             fig = figures["runtimes"][rt]
             prefix = "" if layout == "levels" else "premean_"
-            fig.update({f"{prefix}fp32_val_score": round(fp32_score, 4), f"{prefix}int8_val_score": round(int8_score, 4),
-                        f"{prefix}points_lost": round(points, 3),
-                        f"{prefix}max_prob_diff": float(np.abs(int8_probs - fp32_probs).max())})
+            fig.update(
+                {
+                    f"{prefix}fp32_val_score": round(fp32_score, 4),
+                    f"{prefix}int8_val_score": round(int8_score, 4),
+                    f"{prefix}points_lost": round(points, 3),
+                    f"{prefix}max_prob_diff": float(np.abs(int8_probs - fp32_probs).max()),
+                }
+            )
             fig["passed"] = bool(fig["passed"] and points <= guard_points)
             if probe_t is not None:
                 probe[f"int8_probs_{prefix}{rt}"] = int8_runner(probe_t)[1]
@@ -226,20 +267,28 @@ def _probe_tensors(probe: dict[str, np.ndarray], layout: str, cfg: ModelConfig) 
         return probe["features"], [probe[f"idx{d}"] for d in range(levels)], None
     if "pm_features" not in probe:
         return None
-    return (probe["pm_features"], [probe[f"pm_idx{d}"] for d in range(levels - 1)],
-            (probe["pm_last_rows"], probe["pm_last_mean"]))
+    return (
+        probe["pm_features"],
+        [probe[f"pm_idx{d}"] for d in range(levels - 1)],
+        (probe["pm_last_rows"], probe["pm_last_mean"]),
+    )
 
 
 def describe(figures: dict[str, Any]) -> str:
     """One line per runtime: the guard's figures."""
     parts = []
     for rt, f in figures.get("runtimes", {}).items():
-        graphs = [f"{'premean' if p else 'levels'} {f.get(p + 'fp32_val_score')} -> {f.get(p + 'int8_val_score')} "
-                  f"({_points(f[p + 'points_lost'])}), max |prob diff| {f.get(p + 'max_prob_diff', float('nan')):.3g}"
-                  for p in ("", "premean_") if p + "int8_val_score" in f]
+        graphs = [
+            f"{'premean' if p else 'levels'} {f.get(p + 'fp32_val_score')} -> {f.get(p + 'int8_val_score')} "
+            f"({_points(f[p + 'points_lost'])}), max |prob diff| {f.get(p + 'max_prob_diff', float('nan')):.3g}"
+            for p in ("", "premean_")
+            if p + "int8_val_score" in f
+        ]
         parts.append(f"{rt}: {'passed' if f.get('passed') else 'FAILED'} ({'; '.join(graphs)})")
-    return (f"{figures.get('metric')} on {figures.get('validation_nodes')} validation nodes, guard "
-            f"{figures.get('guard_points')} points: " + " | ".join(parts))
+    return (
+        f"{figures.get('metric')} on {figures.get('validation_nodes')} validation nodes, guard "
+        f"{figures.get('guard_points')} points: " + " | ".join(parts)
+    )
 
 
 def _points(lost: float) -> str:

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from runners.graphsage.model_config import ModelConfig
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
+from runners.graphsage.model_config import ModelConfig
 from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
 
@@ -63,8 +63,9 @@ def _limit(nodes: np.ndarray, cap: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(nodes, size=cap, replace=False))
 
 
-def predict_graphsage(model: PygGraphSAGE, snapshot: GraphSnapshot, nodes: np.ndarray, seed: int,
-                      batch_size: int = 1024) -> np.ndarray:
+def predict_graphsage(
+    model: PygGraphSAGE, snapshot: GraphSnapshot, nodes: np.ndarray, seed: int, batch_size: int = 1024
+) -> np.ndarray:
     model.eval()
     out = []
     with torch.no_grad():
@@ -75,8 +76,9 @@ def predict_graphsage(model: PygGraphSAGE, snapshot: GraphSnapshot, nodes: np.nd
     return np.concatenate(out) if out else np.zeros((0, model.cfg.num_classes), np.float32)
 
 
-def train_graphsage(snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec = TrainSpec(),
-                    progress: bool = True) -> tuple[PygGraphSAGE, dict[str, float]]:
+def train_graphsage(
+    snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec = TrainSpec(), progress: bool = True
+) -> tuple[PygGraphSAGE, dict[str, float]]:
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
@@ -88,8 +90,12 @@ def train_graphsage(snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec =
     step = 0
     for epoch in range(spec.epochs):
         model.train()
-        bar = tqdm(list(_batches(train_nodes, spec.batch_size, rng)), desc=f"train {cfg.aggregator} epoch {epoch + 1}/{spec.epochs}",
-                   disable=not progress, unit="batch")
+        bar = tqdm(
+            list(_batches(train_nodes, spec.batch_size, rng)),
+            desc=f"train {cfg.aggregator} epoch {epoch + 1}/{spec.epochs}",
+            disable=not progress,
+            unit="batch",
+        )
         for batch in bar:
             tree = sample_tree(snapshot.indptr, snapshot.indices, batch, cfg.fanout, seed=spec.seed * 1_000_003 + step)
             logits, _ = model(*mfg_tensors(tree, snapshot.features))
@@ -107,14 +113,19 @@ def train_graphsage(snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec =
     return model.eval(), metrics
 
 
-def train_features_only(snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec = TrainSpec(),
-                        progress: bool = True) -> dict[str, float]:
+def train_features_only(
+    snapshot: GraphSnapshot, cfg: ModelConfig, spec: TrainSpec = TrainSpec(), progress: bool = True
+) -> dict[str, float]:
     """The baseline: an MLP of the same width on each node's own features, no neighbours."""
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
-    mlp = nn.Sequential(nn.Linear(cfg.in_dim, cfg.hidden_dim), nn.ReLU(), nn.Dropout(cfg.dropout),
-                        nn.Linear(cfg.hidden_dim, cfg.num_classes))
+    mlp = nn.Sequential(
+        nn.Linear(cfg.in_dim, cfg.hidden_dim),
+        nn.ReLU(),
+        nn.Dropout(cfg.dropout),
+        nn.Linear(cfg.hidden_dim, cfg.num_classes),
+    )
     opt = torch.optim.Adam(mlp.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     loss_fn = _loss_fn(cfg.task)
     train_nodes = _limit(snapshot.train, spec.max_train_nodes, spec.seed)

@@ -42,19 +42,28 @@ def parse_env(spec: str) -> dict[str, str]:
     return out
 
 
-def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace,
-          variant_code: Path | None = None) -> dict[str, procs.Topology]:
+def sides(
+    suite: Suite, redis: RedisServer, args: argparse.Namespace, variant_code: Path | None = None
+) -> dict[str, procs.Topology]:
     num_nodes, _ = snapshot_counts(HOME_100K)
     env = suite.app_env(redis.url, num_nodes)
     app = procs.real_app("app", HOME_100K, env, suite.logs)
     model = app.services["model"]
     out = {"app": app}
     if not args.no_redis_side:
-        out["noredis"] = procs.real_app("app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model)
+        out["noredis"] = procs.real_app(
+            "app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model
+        )
     if args.variant or variant_code is not None:
         own_model = args.variant_model_runner or variant_code is not None
-        out["variant"] = procs.real_app("app-variant", HOME_100K, {**env, **parse_env(args.variant)}, suite.logs,
-                                        model=None if own_model else model, code_dir=variant_code)
+        out["variant"] = procs.real_app(
+            "app-variant",
+            HOME_100K,
+            {**env, **parse_env(args.variant)},
+            suite.logs,
+            model=None if own_model else model,
+            code_dir=variant_code,
+        )
     if args.baseline == "B1":
         out["B1"] = procs.trivial_app(HOME_100K, suite.logs)
     elif args.baseline == "B2":
@@ -63,52 +72,90 @@ def sides(suite: Suite, redis: RedisServer, args: argparse.Namespace,
 
 
 def stage_means_ms(stages: dict) -> dict[str, float]:
-    return {k: round(v["mean_s"] * 1e3, 3) for k, v in stages.items() if k.endswith(
-        ("_core", "_server", "_sample", "_l1", "_l2", "_origin", "_fetch", "_l1_fill", "_assemble", "_queue", "_compute"))}
+    return {
+        k: round(v["mean_s"] * 1e3, 3)
+        for k, v in stages.items()
+        if k.endswith(
+            (
+                "_core",
+                "_server",
+                "_sample",
+                "_l1",
+                "_l2",
+                "_origin",
+                "_fetch",
+                "_l1_fill",
+                "_assemble",
+                "_queue",
+                "_compute",
+            )
+        )
+    }
 
 
-def run(suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Namespace,
-        variant_code: dict | None = None) -> None:
+def run(
+    suite: Suite, topologies: dict[str, procs.Topology], args: argparse.Namespace, variant_code: dict | None = None
+) -> None:
     for name, topo in topologies.items():
         if not name.startswith("B"):  # as the suite warms its app: fills L1 and Redis
             suite.load(f"warm-up 32-node {name}", topo, nodes=32, concurrency=2, duration=6, record=False, seed=22)
             suite.load(f"warm-up single {name}", topo, concurrency=8, duration=5, record=False, seed=21)
     before = {k: suite.scrape_all(t) for k, t in topologies.items()}
-    rows = suite.paired(topologies, concurrency=args.concurrency, rounds=args.rounds, window=args.window, tags={},
-                        nodes=args.nodes)
+    rows = suite.paired(
+        topologies, concurrency=args.concurrency, rounds=args.rounds, window=args.window, tags={}, nodes=args.nodes
+    )
     after = {k: suite.scrape_all(t) for k, t in topologies.items()}
-    shared = "the variant has its own model runner" if args.variant_model_runner or variant_code else \
-        "the app sides share one model runner: its stages are pooled over them"
-    print(f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
-          f" ({shared})")
+    shared = (
+        "the variant has its own model runner"
+        if args.variant_model_runner or variant_code
+        else "the app sides share one model runner: its stages are pooled over them"
+    )
+    print(
+        f"\n{args.rounds} rounds of {args.window:g} s per side, c={args.concurrency}, {args.nodes} node(s) per request"
+        f" ({shared})"
+    )
     if variant_code:
-        print(f"variant code: {variant_code['commit'][:10]} ({variant_code['subject'][:80]}); "
-              f"the other sides: the working tree")
+        print(
+            f"variant code: {variant_code['commit'][:10]} ({variant_code['subject'][:80]}); "
+            f"the other sides: the working tree"
+        )
     for name, row in rows.items():
         windows = [round(w["p99_ms"], 1) for w in row["windows"] if w["p99_ms"] is not None]
-        print(f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
-              f"P99 {row['p99_ms']:7.2f} ms  errors {row['error_count']}  window P99s {windows}")
+        print(
+            f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
+            f"P99 {row['p99_ms']:7.2f} ms  errors {row['error_count']}  window P99s {windows}"
+        )
         print(f"{'':8s} stage means (ms): {stage_means_ms(suite.stages(before[name], after[name]))}")
     base = rows.get(args.baseline)
     if base is not None:
         for name, row in rows.items():
             if row is not base:
-                print(f"{name}/{args.baseline}: P99 {row['p99_ms'] / base['p99_ms']:.2f}x, mean "
-                      f"{row['mean_ms'] / base['mean_ms']:.2f}x, req/s {row['req_per_s'] / base['req_per_s']:.2f}x")
+                print(
+                    f"{name}/{args.baseline}: P99 {row['p99_ms'] / base['p99_ms']:.2f}x, mean "
+                    f"{row['mean_ms'] / base['mean_ms']:.2f}x, req/s {row['req_per_s'] / base['req_per_s']:.2f}x"
+                )
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.suite.ab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.suite.ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--nodes", type=int, default=1, help="node ids per request")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--window", type=float, default=4.0, help="seconds per side per round")
     p.add_argument("--variant", default="", help="environment of a third side: KEY=VALUE,KEY=VALUE")
-    p.add_argument("--variant-model-runner", action="store_true",
-                   help="the variant starts its own model runner (with its environment) instead of sharing the app's")
-    p.add_argument("--variant-code", metavar="REF", default=None,
-                   help="the variant's services (its own model runner too) run the product code of git commit REF")
+    p.add_argument(
+        "--variant-model-runner",
+        action="store_true",
+        help="the variant starts its own model runner (with its environment) instead of sharing the app's",
+    )
+    p.add_argument(
+        "--variant-code",
+        metavar="REF",
+        default=None,
+        help="the variant's services (its own model runner too) run the product code of git commit REF",
+    )
     p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
     p.add_argument("--baseline", choices=("B1", "B2", "none"), default="B1")
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gsage-ab"), help="service logs")
@@ -124,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
             variant_code = procs.snapshot_ref(args.variant_code, tempfile.mkdtemp(prefix="gsage-ab-variant-code-"))
         except ValueError as e:
             raise SystemExit(f"--variant-code: {e}") from None
-        suite.log(f"variant code: {variant_code['commit'][:10]} ({', '.join(variant_code['dirs'])}) "
-                  f"in {variant_code['dir']}")
+        suite.log(
+            f"variant code: {variant_code['commit'][:10]} ({', '.join(variant_code['dirs'])}) in {variant_code['dir']}"
+        )
     procs.snapshot_code(tempfile.mkdtemp(prefix="gsage-ab-code-"), "worktree")
     ensure_store(HOME_100K, [], suite.log)
     redis = RedisServer(os.path.join(suite.logs, "redis")).start()

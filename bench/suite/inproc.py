@@ -37,8 +37,16 @@ import time
 
 import numpy as np
 
-from bench.suite.targets import (B3_CALLERS, B3_IDLE, B3_NO_L1, B3_WITH_L1, B4_ALL_THREADS, B4_CALLERS, B4_ONE_THREAD,
-                                 INPROC_VARIANTS)
+from bench.suite.targets import (
+    B3_CALLERS,
+    B3_IDLE,
+    B3_NO_L1,
+    B3_WITH_L1,
+    B4_ALL_THREADS,
+    B4_CALLERS,
+    B4_ONE_THREAD,
+    INPROC_VARIANTS,
+)
 from harness.workload import time_calls
 
 
@@ -48,9 +56,15 @@ def _timed(fn, inputs: list, budget_s: float, min_calls: int, idle_s: float = 0.
 
 def _stats(secs: np.ndarray, nodes: int) -> dict:
     ms = secs * 1e3
-    return {"calls": int(ms.size), "nodes_per_request": nodes, "p50_ms": float(np.percentile(ms, 50)),
-            "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "nodes_per_s": nodes / float(secs.mean())}
+    return {
+        "calls": int(ms.size),
+        "nodes_per_request": nodes,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "nodes_per_s": nodes / float(secs.mean()),
+    }
 
 
 def _concurrent(make_fn, inputs: list, budget_s: float, callers: int, nodes: int) -> dict:
@@ -89,20 +103,24 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
     p.add_argument("--sizes", default="1,256")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--idle-ms", type=float, default=10.0,
-                   help="the idle gap before each call of B3's 1-node idle variant (0: skip it)")
+    p.add_argument(
+        "--idle-ms",
+        type=float,
+        default=10.0,
+        help="the idle gap before each call of B3's 1-node idle variant (0: skip it)",
+    )
     a = p.parse_args()
 
     import torch
 
+    from common.feature_tensor import PREMEAN
+    from common.settings import Settings
     from harness.workload import Zipf
     from runners.feature.cache.tiered import build_feature_store
-    from common.settings import Settings
-    from common.feature_tensor import PREMEAN
-    from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch
     from runners.feature.neighbourhood import NeighbourhoodBuilder
     from runners.feature.sampling import sample_tree
     from runners.feature.snapshot import load_snapshot
+    from runners.graphsage.inference import InferenceItem, ModelRegistry, run_batch
     from training_export.pyg_model import PygGraphSAGE, mfg_tensors
 
     t0 = time.perf_counter()
@@ -116,8 +134,13 @@ def main() -> None:
     builder = NeighbourhoodBuilder(snap, store, fanout, 4096)
     # B3 without L1: every row gathered straight from the memory-mapped snapshot (page cache)
     no_l1 = Settings(l1_bytes=0, redis_url="")
-    bare = NeighbourhoodBuilder(snap, build_feature_store(no_l1.feature_cache, no_l1.redis, snap.features, snap.tag),
-                                fanout, 4096, scan_min_targets=1)
+    bare = NeighbourhoodBuilder(
+        snap,
+        build_feature_store(no_l1.feature_cache, no_l1.redis, snap.features, snap.tag),
+        fanout,
+        4096,
+        scan_min_targets=1,
+    )
     pyg = PygGraphSAGE(cfg)
     pyg.load_state_dict(torch.load(loaded.artifacts.state_dict_path, weights_only=True), strict=True)
     pyg.eval()
@@ -125,21 +148,33 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     rng = np.random.default_rng(a.seed)
     premean = PREMEAN in loaded.input_layouts and settings.premean
-    out: dict = {"graph_snapshot": snap.tag, "model": loaded.artifacts.tag, "b3_premean": premean,
-                 "num_nodes": snap.num_nodes,
-                 "num_edges": snap.num_edges, "fanout": list(fanout), "setup_s": 0.0,
-                 **{v.key: {} for v in INPROC_VARIANTS}, "idle_ms": a.idle_ms}
+    out: dict = {
+        "graph_snapshot": snap.tag,
+        "model": loaded.artifacts.tag,
+        "b3_premean": premean,
+        "num_nodes": snap.num_nodes,
+        "num_edges": snap.num_edges,
+        "fanout": list(fanout),
+        "setup_s": 0.0,
+        **{v.key: {} for v in INPROC_VARIANTS},
+        "idle_ms": a.idle_ms,
+    }
     b3k, b3_bare_k, b3_idle_k, b3_callers_k = B3_WITH_L1.key, B3_NO_L1.key, B3_IDLE.key, B3_CALLERS.key
     b4k, b4_all_k, b4_callers_k = B4_ONE_THREAD.key, B4_ALL_THREADS.key, B4_CALLERS.key
     callers = os.cpu_count() or 1
 
     def make_b3(nb: NeighbourhoodBuilder, own_loop: asyncio.AbstractEventLoop, own_rng: np.random.Generator):
         def call(ids: np.ndarray) -> np.ndarray:
-            req = nb.validate(ids.tolist(), None, int(own_rng.integers(2**62)),
-                              premean=premean and ids.size >= settings.premean_min_targets)
+            req = nb.validate(
+                ids.tolist(),
+                None,
+                int(own_rng.integers(2**62)),
+                premean=premean and ids.size >= settings.premean_min_targets,
+            )
             (ft,) = own_loop.run_until_complete(nb.build([req]))
             (res,) = run_batch(registry, [InferenceItem(loaded.artifacts.tag, ft, loaded=loaded)])
             return res["probs"]
+
         return call
 
     def make_b4(own_rng: np.random.Generator):
@@ -149,6 +184,7 @@ def main() -> None:
             with torch.inference_mode():
                 logits, _ = pyg(xs, edges)
                 return torch.softmax(logits, -1).numpy()
+
         return call
 
     b3, b3_bare, b4 = make_b3(builder, loop, rng), make_b3(bare, loop, rng), make_b4(rng)
@@ -180,15 +216,21 @@ def main() -> None:
             out[b3_callers_k][str(n)] = _concurrent(b3_bare_caller, inputs, a.budget / 2, callers, n)
             out[b4_callers_k][str(n)] = _concurrent(b4_caller, inputs, a.budget / 2, callers, n)
         k = str(n)
-        line = (f"  in-process {n:>4} nodes: B3 {out[b3k][k]['nodes_per_s']:,.0f} nodes/s p99 "
-                f"{out[b3k][k]['p99_ms']:.2f} ms (no L1: {out[b3_bare_k][k]['nodes_per_s']:,.0f})")
+        line = (
+            f"  in-process {n:>4} nodes: B3 {out[b3k][k]['nodes_per_s']:,.0f} nodes/s p99 "
+            f"{out[b3k][k]['p99_ms']:.2f} ms (no L1: {out[b3_bare_k][k]['nodes_per_s']:,.0f})"
+        )
         if k in out[b3_idle_k]:
-            line += (f" | B3 after {a.idle_ms:g} ms idle: mean {out[b3_idle_k][k]['mean_ms']:.2f} ms vs "
-                     f"{out[b3k][k]['mean_ms']:.2f} back to back")
+            line += (
+                f" | B3 after {a.idle_ms:g} ms idle: mean {out[b3_idle_k][k]['mean_ms']:.2f} ms vs "
+                f"{out[b3k][k]['mean_ms']:.2f} back to back"
+            )
         line += f" | B4 {out[b4k][k]['nodes_per_s']:,.0f} nodes/s"
         if k in out[b4_callers_k]:
-            line += (f" | {callers} callers: B3 {out[b3_callers_k][k]['nodes_per_s']:,.0f}, "
-                     f"B4 {out[b4_callers_k][k]['nodes_per_s']:,.0f} nodes/s")
+            line += (
+                f" | {callers} callers: B3 {out[b3_callers_k][k]['nodes_per_s']:,.0f}, "
+                f"B4 {out[b4_callers_k][k]['nodes_per_s']:,.0f} nodes/s"
+            )
         print(line, file=sys.stderr, flush=True)
     out["torch_threads_all"] = os.cpu_count()
     loop.close()

@@ -11,7 +11,6 @@ import subprocess
 import threading
 from pathlib import Path
 
-
 from harness.ports import free_port
 from harness.processes import ServiceProcess
 
@@ -40,8 +39,9 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
     files = _git("ls-files", "-co", "--exclude-standard", "--", *SNAPSHOT_DIRS).split("\n")
     files = [f for f in files if f and not f.startswith("bench/results/")]
     if mode == "head":
-        archive = subprocess.run(["git", "archive", "HEAD", *PRODUCT_DIRS], cwd=ROOT,
-                                 capture_output=True, timeout=60, check=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", "HEAD", *PRODUCT_DIRS], cwd=ROOT, capture_output=True, timeout=60, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True, timeout=60)
         files = [f for f in files if f.startswith(("harness/", "bench/", "tests/"))]
     for rel in files:
@@ -51,12 +51,15 @@ def snapshot_code(dest: str, mode: str = "worktree") -> dict:
             shutil.copy2(src, os.path.join(dest, rel))
     _copy_grpc_stubs(dest)
     CODE_DIR = Path(dest)
-    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", *PRODUCT_DIRS)
-             .splitlines() if ln.strip()]
-    return {"mode": mode, "git_head": _git("rev-parse", "HEAD").strip(),
-            "git_head_subject": _git("log", "-1", "--format=%s").strip(),
-            "uncommitted_in_code": dirty if mode == "worktree" else [],
-            "uncommitted_ignored": dirty if mode == "head" else [], "dir": dest}
+    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", *PRODUCT_DIRS).splitlines() if ln.strip()]
+    return {
+        "mode": mode,
+        "git_head": _git("rev-parse", "HEAD").strip(),
+        "git_head_subject": _git("log", "-1", "--format=%s").strip(),
+        "uncommitted_in_code": dirty if mode == "worktree" else [],
+        "uncommitted_ignored": dirty if mode == "head" else [],
+        "dir": dest,
+    }
 
 
 def snapshot_ref(ref: str, dest: str) -> dict:
@@ -72,12 +75,18 @@ def snapshot_ref(ref: str, dest: str) -> dict:
     if not dirs:
         raise ValueError(f"{ref} has none of {PRODUCT_DIRS}")
     _fresh(dest)
-    archive = subprocess.run(["git", "archive", commit, *dirs], cwd=ROOT, capture_output=True, timeout=60,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", commit, *dirs], cwd=ROOT, capture_output=True, timeout=60, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True, timeout=60)
     _copy_grpc_stubs(dest)
-    return {"ref": ref, "commit": commit, "subject": _git("log", "-1", "--format=%s", commit).strip(),
-            "dirs": dirs, "dir": dest}
+    return {
+        "ref": ref,
+        "commit": commit,
+        "subject": _git("log", "-1", "--format=%s", commit).strip(),
+        "dirs": dirs,
+        "dir": dest,
+    }
 
 
 def _fresh(dest: str) -> None:
@@ -89,8 +98,7 @@ def _fresh(dest: str) -> None:
 def _copy_grpc_stubs(dest: str) -> None:
     grpc = ROOT / "services" / "grpc_gen"
     if grpc.is_dir() and not os.path.exists(os.path.join(dest, "services", "grpc_gen")):
-        shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(grpc, os.path.join(dest, "services", "grpc_gen"), ignore=shutil.ignore_patterns("__pycache__"))
 
 
 APP = "services.gateway:Gateway"
@@ -102,13 +110,30 @@ class Proc(ServiceProcess):
     """One BentoML service of the suite (arbiter + workers) on a free loopback port, run from the
     suite's code snapshot (``code_dir``, default ``CODE_DIR`` at launch), its home removed at stop."""
 
-    def __init__(self, target: str, name: str, home: str, env: dict[str, str], log_dir: str,
-                 depends: dict[str, str] | None = None, workers: int = 1, label: str | None = None,
-                 code_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        name: str,
+        home: str,
+        env: dict[str, str],
+        log_dir: str,
+        depends: dict[str, str] | None = None,
+        workers: int = 1,
+        label: str | None = None,
+        code_dir: Path | None = None,
+    ) -> None:
         self.label = label or name
         port = free_port()
-        super().__init__(name, port, {**env, "BENTOML_HOME": home}, os.path.join(log_dir, f"{self.label}-{port}.log"),
-                         target=target, depends=depends, workers=workers, home_name=f"bench-{self.label}-{port}")
+        super().__init__(
+            name,
+            port,
+            {**env, "BENTOML_HOME": home},
+            os.path.join(log_dir, f"{self.label}-{port}.log"),
+            target=target,
+            depends=depends,
+            workers=workers,
+            home_name=f"bench-{self.label}-{port}",
+        )
         self.home = home
         self.code_dir = code_dir
 
@@ -142,7 +167,7 @@ class Topology:
     def url(self) -> str:
         return self.services[self.entry].url + "/predict"
 
-    def start(self, wait_s: float = 150.0) -> "Topology":
+    def start(self, wait_s: float = 150.0) -> Topology:
         try:
             for s in self.own():
                 s.launch()
@@ -167,8 +192,9 @@ class Topology:
         return {k: s.memory() for k, s in self.services.items()}
 
 
-def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None,
-             code_dir: Path | None = None) -> Topology:
+def real_app(
+    name: str, home: str, env: dict[str, str], log_dir: str, model: Proc | None = None, code_dir: Path | None = None
+) -> Topology:
     """Gateway -> FeatureRunner -> GraphSAGERunner (the gateway also calls the model runner for
     its admin calls). A given ``model`` is shared with (and owned by) another topology: a second
     FeatureRunner + gateway try another configuration in front of one model runner. ``code_dir``:
@@ -176,22 +202,47 @@ def real_app(name: str, home: str, env: dict[str, str], log_dir: str, model: Pro
     shared = frozenset({"model"}) if model is not None else frozenset()
     if model is None:
         model = Proc(APP, "GraphSAGERunner", home, env, log_dir, label=f"{name}-model", code_dir=code_dir)
-    feature = Proc(APP, "FeatureRunner", home, env, log_dir, label=f"{name}-feature",
-                   depends={"GraphSAGERunner": model.url}, code_dir=code_dir)
-    gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway",
-                   depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url}, code_dir=code_dir)
+    feature = Proc(
+        APP,
+        "FeatureRunner",
+        home,
+        env,
+        log_dir,
+        label=f"{name}-feature",
+        depends={"GraphSAGERunner": model.url},
+        code_dir=code_dir,
+    )
+    gateway = Proc(
+        APP,
+        "Gateway",
+        home,
+        env,
+        log_dir,
+        label=f"{name}-gateway",
+        depends={"FeatureRunner": feature.url, "GraphSAGERunner": model.url},
+        code_dir=code_dir,
+    )
     return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
 
 
 def trivial_app(home: str, log_dir: str) -> Topology:
     model = Proc(TRIVIAL, "TrivialModel", home, {}, log_dir, label="b1-model")
-    feature = Proc(TRIVIAL, "TrivialFeature", home, {}, log_dir, label="b1-feature",
-                   depends={"TrivialModel": model.url})
-    gateway = Proc(TRIVIAL, "TrivialGateway", home, {}, log_dir, label="b1-gateway",
-                   depends={"TrivialFeature": feature.url, "TrivialModel": model.url})
+    feature = Proc(
+        TRIVIAL, "TrivialFeature", home, {}, log_dir, label="b1-feature", depends={"TrivialModel": model.url}
+    )
+    gateway = Proc(
+        TRIVIAL,
+        "TrivialGateway",
+        home,
+        {},
+        log_dir,
+        label="b1-gateway",
+        depends={"TrivialFeature": feature.url, "TrivialModel": model.url},
+    )
     return Topology("B1", {"feature": feature, "model": model, "gateway": gateway}, "gateway")
 
 
 def trivial_single(home: str, log_dir: str) -> Topology:
-    return Topology("B2", {"single": Proc(TRIVIAL_SINGLE, "TrivialSingle", home, {}, log_dir, label="b2-single")},
-                    "single")
+    return Topology(
+        "B2", {"single": Proc(TRIVIAL_SINGLE, "TrivialSingle", home, {}, log_dir, label="b2-single")}, "single"
+    )

@@ -71,9 +71,14 @@ def diff(before: dict, after: dict, name: str, **labels: str) -> dict | None:
             buckets[le] += c - b["buckets"].get(le, 0.0)
     if count <= 0:
         return None
-    return {"count": int(count), "sum_s": total, "mean_s": total / count,
-            "p50_s": _quantile(buckets, 0.50), "p99_s": _quantile(buckets, 0.99),
-            "le_fraction": {str(le): buckets[le] / count for le in sorted(buckets) if not math.isinf(le)}}
+    return {
+        "count": int(count),
+        "sum_s": total,
+        "mean_s": total / count,
+        "p50_s": _quantile(buckets, 0.50),
+        "p99_s": _quantile(buckets, 0.99),
+        "le_fraction": {str(le): buckets[le] / count for le in sorted(buckets) if not math.isinf(le)},
+    }
 
 
 def counter_diff(before: dict, after: dict, name: str, **labels: str) -> float:

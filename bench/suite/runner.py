@@ -26,12 +26,12 @@ import numpy as np
 import psutil
 
 from bench.suite import procs, promtext
-from harness import load as loadgen
 from bench.suite import scenarios as sc
 from bench.suite.scenarios import Profile, Scenario
 from bench.suite.targets import B1, B2, TARGETS
-from harness.workload import bodies, make_dist
+from harness import load as loadgen
 from harness.redis_servers import HOST, RedisServer, raw_command, redis_available
+from harness.workload import bodies, make_dist
 
 HOME_100K = "/tmp/gsage-bench-home"
 HOME_1M = "/tmp/gsage-bench-home-1m"
@@ -105,8 +105,9 @@ def request_timeout_s(nodes: int) -> float:
 
 
 def run_cmd(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=procs.CODE_DIR, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        cmd, cwd=procs.CODE_DIR, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def ensure_store(home: str, args: list[str], log) -> dict:
@@ -123,8 +124,11 @@ def ensure_store(home: str, args: list[str], log) -> dict:
     else:
         log(f"building the demo store in {home}: python -m training_export demo {' '.join(args)} ...")
         t = time.perf_counter()
-        out = run_cmd([sys.executable, "-m", "training_export", "demo", *args],
-                      {"BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}, timeout=1800)
+        out = run_cmd(
+            [sys.executable, "-m", "training_export", "demo", *args],
+            {"BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"},
+            timeout=1800,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"training_export demo failed:\n{out.stderr[-3000:]}")
         info = json.loads(out.stdout)
@@ -135,9 +139,16 @@ def ensure_store(home: str, args: list[str], log) -> dict:
 
 
 def snapshot_counts(home: str) -> tuple[int, int]:
-    out = run_cmd([sys.executable, "-c", "import bentoml,json;m=bentoml.models.get('graph-snapshot:latest');"
-                   "print(json.dumps([m.info.metadata['num_nodes'], m.info.metadata['num_edges']]))"],
-                  {"BENTOML_HOME": home}, timeout=120)
+    out = run_cmd(
+        [
+            sys.executable,
+            "-c",
+            "import bentoml,json;m=bentoml.models.get('graph-snapshot:latest');"
+            "print(json.dumps([m.info.metadata['num_nodes'], m.info.metadata['num_edges']]))",
+        ],
+        {"BENTOML_HOME": home},
+        timeout=120,
+    )
     n, e = json.loads(out.stdout.strip().splitlines()[-1])
     return int(n), int(e)
 
@@ -152,11 +163,22 @@ class Suite:
         self.t0 = time.perf_counter()
         self.me = psutil.Process()
         self.results: dict[str, Any] = {
-            "config": {"quick": args.quick, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                       "platform": platform.platform()},
-                       "loadavg_start": os.getloadavg(),
-                       "started_at": time.strftime("%Y-%m-%d %H:%M %Z")},
-            "scenarios": [], "baselines": {}, "memory": {}, "profiles": {}, "skipped": [], "phases": {},
+            "config": {
+                "quick": args.quick,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "loadavg_start": os.getloadavg(),
+                "started_at": time.strftime("%Y-%m-%d %H:%M %Z"),
+            },
+            "scenarios": [],
+            "baselines": {},
+            "memory": {},
+            "profiles": {},
+            "skipped": [],
+            "phases": {},
         }
         self.topologies: list[procs.Topology] = []
         self.redis: RedisServer | None = None
@@ -186,9 +208,21 @@ class Suite:
                 out[name] = {"hist": {}, "counter": {}}
         return out
 
-    def load(self, name: str, topo: procs.Topology, *, dist: str = "zipf", nodes: int = 1, concurrency: int = 1,
-             rate: float = 0.0, duration: float = 5.0, num_nodes: int = 100_000, tags: dict | None = None,
-             record: bool = True, seed: int = 0) -> dict:
+    def load(
+        self,
+        name: str,
+        topo: procs.Topology,
+        *,
+        dist: str = "zipf",
+        nodes: int = 1,
+        concurrency: int = 1,
+        rate: float = 0.0,
+        duration: float = 5.0,
+        num_nodes: int = 100_000,
+        tags: dict | None = None,
+        record: bool = True,
+        seed: int = 0,
+    ) -> dict:
         pool = request_pool(dist, num_nodes, nodes, seed)
         before = self.scrape_all(topo)
         info0 = self.cache_info(topo)
@@ -199,17 +233,33 @@ class Suite:
         if rate > 0:
             res = asyncio.run(loadgen.open_loop(topo.url, pool, rate, duration, self.b.max_requests, timeout, nodes))
         else:
-            res = asyncio.run(loadgen.closed_loop(topo.url, pool, concurrency, duration, self.b.max_requests, timeout,
-                                                  nodes, warmup_requests=concurrency))
+            res = asyncio.run(
+                loadgen.closed_loop(
+                    topo.url,
+                    pool,
+                    concurrency,
+                    duration,
+                    self.b.max_requests,
+                    timeout,
+                    nodes,
+                    warmup_requests=concurrency,
+                )
+            )
         cpu1 = topo.cpu_seconds()
         me1 = sum(self.me.cpu_times()[:2])
         after = self.scrape_all(topo)
         info1 = self.cache_info(topo)
         s = res.summary()
-        row: dict[str, Any] = {"name": name, "topology": topo.name, "dist": dist, **(tags or {}), **s,
-                               "cdf": res.cdf(),
-                               "cpu_util": {k: (cpu1[k] - cpu0.get(k, 0.0)) / res.elapsed_s for k in cpu1},
-                               "loadavg_1m": load0}
+        row: dict[str, Any] = {
+            "name": name,
+            "topology": topo.name,
+            "dist": dist,
+            **(tags or {}),
+            **s,
+            "cdf": res.cdf(),
+            "cpu_util": {k: (cpu1[k] - cpu0.get(k, 0.0)) / res.elapsed_s for k in cpu1},
+            "loadavg_1m": load0,
+        }
         row["cpu_util"]["loadgen"] = (me1 - me0) / res.elapsed_s
         row["stages"] = self.stages(before, after)
         row["hit_ratio"] = self.hit_ratio(before.get("feature"), after.get("feature"))
@@ -225,26 +275,46 @@ class Suite:
         hr = row["hit_ratio"]
         hit = f" hit L1+L2 {hr['combined']:.1%}" if hr else ""
         what = f"c={concurrency}" if rate <= 0 else f"rate={rate:.0f}/s"
-        self.log(f"{name:<34} {what:<10} {s['ok']:>6} ok  p50 {s.get('p50_ms', float('nan')):7.2f}  "
-                 f"p99 {s.get('p99_ms', float('nan')):7.2f} ms  {s['req_per_s']:7.1f} req/s "
-                 f"{s['nodes_per_s']:9,.0f} nodes/s{hit}{err}{deg}")
+        self.log(
+            f"{name:<34} {what:<10} {s['ok']:>6} ok  p50 {s.get('p50_ms', float('nan')):7.2f}  "
+            f"p99 {s.get('p99_ms', float('nan')):7.2f} ms  {s['req_per_s']:7.1f} req/s "
+            f"{s['nodes_per_s']:9,.0f} nodes/s{hit}{err}{deg}"
+        )
         if record:
             self.results["scenarios"].append(row)
         return row
 
-    def run_scenario(self, s: Scenario, topo: procs.Topology, *, num_nodes: int = 100_000,
-                     rate: float = 0.0) -> dict:
+    def run_scenario(self, s: Scenario, topo: procs.Topology, *, num_nodes: int = 100_000, rate: float = 0.0) -> dict:
         """One scenario's load on ``topo``, recorded (unless a warm-up) as a row named ``s.name``."""
-        return self.load(s.name, topo, dist=s.dist, nodes=s.nodes, concurrency=s.concurrency, rate=rate,
-                         duration=getattr(self.b, s.duration) * s.share, num_nodes=num_nodes,
-                         tags=s.tags() if s.record else None, record=s.record, seed=s.seed)
+        return self.load(
+            s.name,
+            topo,
+            dist=s.dist,
+            nodes=s.nodes,
+            concurrency=s.concurrency,
+            rate=rate,
+            duration=getattr(self.b, s.duration) * s.share,
+            num_nodes=num_nodes,
+            tags=s.tags() if s.record else None,
+            record=s.record,
+            seed=s.seed,
+        )
 
     def selected(self, items: tuple) -> list:
         """The scenarios (profiles) of ``items`` this run runs: a quick run only those marked so."""
         return [x for x in items if x.quick or not self.args.quick]
 
-    def paired(self, sides: dict[str, procs.Topology], *, concurrency: int, rounds: int,
-               window: float, tags: dict, seed: int = 0, nodes: int = 1) -> dict[str, dict]:
+    def paired(
+        self,
+        sides: dict[str, procs.Topology],
+        *,
+        concurrency: int,
+        rounds: int,
+        window: float,
+        tags: dict,
+        seed: int = 0,
+        nodes: int = 1,
+    ) -> dict[str, dict]:
         """Short windows of each side in turn (A B B A, repeated), pooled per side.
 
         The machine is shared: a baseline measured minutes after the app reads the other tenants'
@@ -257,22 +327,47 @@ class Suite:
         names = list(sides)
         parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
         for r in range(rounds):
-            for side in (names if r % 2 == 0 else names[::-1]):
-                parts[side].append(asyncio.run(loadgen.closed_loop(
-                    sides[side].url, pool, concurrency, window, self.b.max_requests, request_timeout_s(nodes),
-                    nodes, warmup_requests=concurrency)))
+            for side in names if r % 2 == 0 else names[::-1]:
+                parts[side].append(
+                    asyncio.run(
+                        loadgen.closed_loop(
+                            sides[side].url,
+                            pool,
+                            concurrency,
+                            window,
+                            self.b.max_requests,
+                            request_timeout_s(nodes),
+                            nodes,
+                            warmup_requests=concurrency,
+                        )
+                    )
+                )
         rows = {}
         for side in names:
             res = loadgen.LoadResult.pooled(parts[side])
-            row = {"name": sc.paired_name(side), "topology": sides[side].name, "dist": "zipf", **tags,
-                   "group": "paired", **res.summary(), "cdf": res.cdf(),
-                   "windows": [{"p99_ms": float(np.percentile(p.latencies_s, 99) * 1e3) if p.ok else None,
-                                "req_per_s": p.ok / p.elapsed_s if p.elapsed_s else 0.0} for p in parts[side]]}
+            row = {
+                "name": sc.paired_name(side),
+                "topology": sides[side].name,
+                "dist": "zipf",
+                **tags,
+                "group": "paired",
+                **res.summary(),
+                "cdf": res.cdf(),
+                "windows": [
+                    {
+                        "p99_ms": float(np.percentile(p.latencies_s, 99) * 1e3) if p.ok else None,
+                        "req_per_s": p.ok / p.elapsed_s if p.elapsed_s else 0.0,
+                    }
+                    for p in parts[side]
+                ],
+            }
             self.results["scenarios"].append(row)
             rows[side] = row
-            self.log(f"{row['name']:<34} c={concurrency:<8} {row['ok']:>6} ok  p50 {row.get('p50_ms', NAN_MS):7.2f}  "
-                     f"p99 {row.get('p99_ms', NAN_MS):7.2f} ms  {row['req_per_s']:7.1f} req/s  "
-                     f"({rounds} windows of {window:g} s, interleaved)")
+            self.log(
+                f"{row['name']:<34} c={concurrency:<8} {row['ok']:>6} ok  p50 {row.get('p50_ms', NAN_MS):7.2f}  "
+                f"p99 {row.get('p99_ms', NAN_MS):7.2f} ms  {row['req_per_s']:7.1f} req/s  "
+                f"({rounds} windows of {window:g} s, interleaved)"
+            )
         return rows
 
     @staticmethod
@@ -296,8 +391,9 @@ class Suite:
             out["gateway_core"] = d(g0, g1, "gateway_request_seconds")
             out["gateway_server"] = d(g0, g1, "bentoml_service_request_duration_seconds", endpoint="/predict")
         if "single" in after:
-            out["gateway_server"] = d(before["single"], after["single"], "bentoml_service_request_duration_seconds",
-                                      endpoint="/predict")
+            out["gateway_server"] = d(
+                before["single"], after["single"], "bentoml_service_request_duration_seconds", endpoint="/predict"
+            )
         if "feature" in after:
             f0, f1 = before["feature"], after["feature"]
             out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/predict")
@@ -317,12 +413,19 @@ class Suite:
     def hit_ratio(before: dict | None, after: dict | None) -> dict | None:
         if not before or not after:
             return None
-        c = {lv: promtext.counter_diff(before, after, "feature_lookups_total", level=lv) for lv in ("l1", "l2", "origin")}
+        c = {
+            lv: promtext.counter_diff(before, after, "feature_lookups_total", level=lv) for lv in ("l1", "l2", "origin")
+        }
         total = sum(c.values())
         if total <= 0:
             return None
-        return {"lookups": int(total), "l1": c["l1"] / total, "l2": c["l2"] / total, "origin": c["origin"] / total,
-                "combined": (c["l1"] + c["l2"]) / total}
+        return {
+            "lookups": int(total),
+            "l1": c["l1"] / total,
+            "l2": c["l2"] / total,
+            "origin": c["origin"] / total,
+            "combined": (c["l1"] + c["l2"]) / total,
+        }
 
     def start(self, *topos: procs.Topology) -> None:
         t = time.perf_counter()
@@ -354,8 +457,9 @@ class Suite:
             if prof:
                 self.results["profiles"][p.key] = prof
 
-    def profile(self, topo: procs.Topology, service: str, seconds: float, scenario: Scenario,
-                key: str = "") -> dict | None:
+    def profile(
+        self, topo: procs.Topology, service: str, seconds: float, scenario: Scenario, key: str = ""
+    ) -> dict | None:
         """py-spy (sampling, non-blocking) on one service's processes while ``scenario``'s load runs
         (not recorded as a row)."""
         spy = find_py_spy()
@@ -364,12 +468,34 @@ class Suite:
             return None
         svc = topo.services[service]
         raw = os.path.join(self.out, f"profile-{key or topo.name + '-' + service}.txt")
-        cmd = [spy, "record", "--pid", str(svc.proc.pid), "--subprocesses", "--nonblocking", "--full-filenames", "-r", "100",
-               "-d", str(int(seconds)), "-f", "raw", "-o", raw]
+        cmd = [
+            spy,
+            "record",
+            "--pid",
+            str(svc.proc.pid),
+            "--subprocesses",
+            "--nonblocking",
+            "--full-filenames",
+            "-r",
+            "100",
+            "-d",
+            str(int(seconds)),
+            "-f",
+            "raw",
+            "-o",
+            raw,
+        ]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(1.0)  # py-spy attaches
-        row = self.load(scenario.profiled_name, topo, duration=seconds - 1.5, record=False, dist=scenario.dist,
-                        nodes=scenario.nodes, concurrency=scenario.concurrency)
+        row = self.load(
+            scenario.profiled_name,
+            topo,
+            duration=seconds - 1.5,
+            record=False,
+            dist=scenario.dist,
+            nodes=scenario.nodes,
+            concurrency=scenario.concurrency,
+        )
         try:
             _, err = p.communicate(timeout=seconds + 30)
         except subprocess.TimeoutExpired:
@@ -379,10 +505,17 @@ class Suite:
             self.log(f"py-spy failed ({p.returncode}): {err[-500:]}")
             return None
         summary = summarise_profile(raw, seconds)
-        summary.update(scenario=row["name"], req_per_s=row["req_per_s"], p99_ms=row.get("p99_ms"),
-                       cpu_util=row["cpu_util"], raw=os.path.basename(raw))
-        self.log(f"profile of {topo.name}/{service}: busy {summary['busy_fraction']:.0%} of wall time; top: " +
-                 ", ".join(f"{k} {v:.0%}" for k, v in list(summary["by_component"].items())[:5]))
+        summary.update(
+            scenario=row["name"],
+            req_per_s=row["req_per_s"],
+            p99_ms=row.get("p99_ms"),
+            cpu_util=row["cpu_util"],
+            raw=os.path.basename(raw),
+        )
+        self.log(
+            f"profile of {topo.name}/{service}: busy {summary['busy_fraction']:.0%} of wall time; top: "
+            + ", ".join(f"{k} {v:.0%}" for k, v in list(summary["by_component"].items())[:5])
+        )
         return summary
 
     # -- phases -----------------------------------------------------------------------------------
@@ -392,19 +525,30 @@ class Suite:
         self.log(f"bench suite ({'quick' if a.quick else 'full'}), load average {os.getloadavg()}")
         speed = machine_speed()
         self.results["config"]["machine_speed"] = [speed]
-        self.log(f"machine speed: a pure-Python loop of 10M additions {speed['python_loop_s']:.2f} s, "
-                 f"a process ping-pong {speed['ping_pong_us']:.1f} us")
+        self.log(
+            f"machine speed: a pure-Python loop of 10M additions {speed['python_loop_s']:.2f} s, "
+            f"a process ping-pong {speed['ping_pong_us']:.1f} us"
+        )
         self.code_dir = tempfile.mkdtemp(prefix="gsage-suite-code-")
         code = procs.snapshot_code(self.code_dir, a.code)
         self.results["config"]["code"] = code
-        self.log(f"code under test: {a.code} snapshot of {code['git_head'][:10]} ({code['git_head_subject'][:60]})"
-                 + (f", uncommitted: {', '.join(code['uncommitted_in_code'])}" if code["uncommitted_in_code"] else "")
-                 + (f", ignoring uncommitted: {', '.join(code['uncommitted_ignored'])}"
-                    if code["uncommitted_ignored"] else ""))
+        self.log(
+            f"code under test: {a.code} snapshot of {code['git_head'][:10]} ({code['git_head_subject'][:60]})"
+            + (f", uncommitted: {', '.join(code['uncommitted_in_code'])}" if code["uncommitted_in_code"] else "")
+            + (
+                f", ignoring uncommitted: {', '.join(code['uncommitted_ignored'])}"
+                if code["uncommitted_ignored"]
+                else ""
+            )
+        )
         info = ensure_store(HOME_100K, [], self.log)
         n100k, e100k = snapshot_counts(HOME_100K)
-        self.results["config"]["store_100k"] = {"home": HOME_100K, "nodes": n100k, "edges": e100k,
-                                                "graphsage": info.get("graphsage")}
+        self.results["config"]["store_100k"] = {
+            "home": HOME_100K,
+            "nodes": n100k,
+            "edges": e100k,
+            "graphsage": info.get("graphsage"),
+        }
         if not redis_available():
             raise SystemExit("redis-server is not installed: the suite needs it for L2")
         redis = self.redis = RedisServer(os.path.join(self.logs, "redis")).start()
@@ -431,8 +575,13 @@ class Suite:
 
     def app_env(self, redis_url: str, num_nodes: int) -> dict[str, str]:
         l1 = num_nodes * ROW_BYTES // 10  # 10% of the feature bytes (as bench/bench_features.py)
-        return {"GSAGE_REDIS_URL": redis_url, "GSAGE_L1_BYTES": str(l1), "GSAGE_GRPC_PORT": "0",
-                "GSAGE_AUTH_ENABLED": "0", "GSAGE_RATE_LIMIT_PER_S": "0"}
+        return {
+            "GSAGE_REDIS_URL": redis_url,
+            "GSAGE_L1_BYTES": str(l1),
+            "GSAGE_GRPC_PORT": "0",
+            "GSAGE_AUTH_ENABLED": "0",
+            "GSAGE_RATE_LIMIT_PER_S": "0",
+        }
 
     def phase_100k(self, redis: RedisServer, n: int) -> None:
         a, b = self.args, self.b
@@ -440,18 +589,27 @@ class Suite:
         env_r = self.app_env(redis.url, n)
         self.results["config"]["app_env"] = env_r
         app_r = procs.real_app(sc.APP, HOME_100K, env_r, self.logs)
-        app_n = procs.real_app(sc.APP_NOREDIS, HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs,
-                               model=app_r.services["model"])
+        app_n = procs.real_app(
+            sc.APP_NOREDIS, HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs, model=app_r.services["model"]
+        )
         topos = [app_r, app_n, procs.trivial_app(HOME_100K, self.logs), procs.trivial_single(HOME_100K, self.logs)]
         alt = None
         if not a.quick:  # what-if: the model runner's batching window, the other way from its default
-            out = run_cmd([sys.executable, "-c", "from common.settings import Settings;"
-                           "print(Settings().max_batch_delay_ms)"], timeout=60)
+            out = run_cmd(
+                [sys.executable, "-c", "from common.settings import Settings;print(Settings().max_batch_delay_ms)"],
+                timeout=60,
+            )
             default = float(out.stdout.strip() or 0)
             alt = 2.0 if default == 0 else 0.0
             self.results["config"]["batch_delay_ms"] = {"default": default, "what_if": alt}
-            topos.append(procs.real_app(sc.batch_delay(sc.WHAT_IF_WARMUP, alt).topology, HOME_100K,
-                                        {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"}, self.logs))
+            topos.append(
+                procs.real_app(
+                    sc.batch_delay(sc.WHAT_IF_WARMUP, alt).topology,
+                    HOME_100K,
+                    {**env_r, "GSAGE_MAX_BATCH_DELAY_MS": f"{alt:g}"},
+                    self.logs,
+                )
+            )
         self.start(*topos)
         on = {tp.name: tp for tp in topos}
 
@@ -484,13 +642,23 @@ class Suite:
         # within a side (the "per window pair" range in the report's T1 row), and a P99 pooled over
         # 4 windows moved T1 across its bound between two runs on one machine.
         paired = [t for t in TARGETS if t.pairing]
-        self.log("-- paired: the app and its baseline in alternating windows ("
-                 + ", ".join(f"{t.id}: {t.pairing.against.topology} at c={t.app[0].concurrency}" for t in paired) + ")")
+        self.log(
+            "-- paired: the app and its baseline in alternating windows ("
+            + ", ".join(f"{t.id}: {t.pairing.against.topology} at c={t.app[0].concurrency}" for t in paired)
+            + ")"
+        )
         rounds, window = (2, 2.0) if a.quick else (8, b.short / 2)
         for t in paired:
             mine, theirs = t.app[0], t.pairing.against
-            self.paired({mine.name: on[mine.topology], theirs.name: on[theirs.topology]}, concurrency=mine.concurrency,
-                        rounds=rounds, window=window, tags={"graph": mine.graph}, seed=t.pairing.seed, nodes=mine.nodes)
+            self.paired(
+                {mine.name: on[mine.topology], theirs.name: on[theirs.topology]},
+                concurrency=mine.concurrency,
+                rounds=rounds,
+                window=window,
+                tags={"graph": mine.graph},
+                seed=t.pairing.seed,
+                nodes=mine.nodes,
+            )
 
         self.log("-- warm, Redis off (L1 10%, misses read the memory-mapped snapshot)")
         for s in sc.NOREDIS:
@@ -500,9 +668,11 @@ class Suite:
         # T4's floor on this machine in this run: the bare Redis round trip, no service around it.
         mget = self.results["baselines"]["redis_mget"] = redis_mget_baseline(redis, b.inproc)
         idle = mget["idle"]
-        self.log(f"bare Redis MGET of {mget['keys_per_call']} cached rows (suite process, the FeatureRunner's "
-                 f"connection class): back to back p50 {mget['p50_ms']:.2f} ms, p99 {mget['p99_ms']:.2f} ms; "
-                 f"after {idle['idle_ms']:g} ms idle p50 {idle['p50_ms']:.2f} ms, p99 {idle['p99_ms']:.2f} ms")
+        self.log(
+            f"bare Redis MGET of {mget['keys_per_call']} cached rows (suite process, the FeatureRunner's "
+            f"connection class): back to back p50 {mget['p50_ms']:.2f} ms, p99 {mget['p99_ms']:.2f} ms; "
+            f"after {idle['idle_ms']:g} ms idle p50 {idle['p50_ms']:.2f} ms, p99 {idle['p99_ms']:.2f} ms"
+        )
         profile = not a.no_profile and not self.over_budget("profiles")
         if profile:
             self.log("-- profiles under load (py-spy, non-blocking)")
@@ -524,8 +694,11 @@ class Suite:
     def phase_inproc(self) -> None:
         t = self.elapsed()
         self.log("-- baselines B3 (project sampler + ONNX Runtime in-process) and B4 (PyG in-process)")
-        out = run_cmd([sys.executable, "-m", "bench.suite.inproc", "--budget", str(self.b.inproc), "--sizes", "1,256"],
-                      {"BENTOML_HOME": HOME_100K, "BENTOML_DO_NOT_TRACK": "true"}, timeout=300)
+        out = run_cmd(
+            [sys.executable, "-m", "bench.suite.inproc", "--budget", str(self.b.inproc), "--sizes", "1,256"],
+            {"BENTOML_HOME": HOME_100K, "BENTOML_DO_NOT_TRACK": "true"},
+            timeout=300,
+        )
         if out.returncode != 0:
             self.log(f"in-process baselines failed:\n{out.stderr[-2000:]}")
             return
@@ -537,12 +710,19 @@ class Suite:
 
     def phase_1m(self, redis: RedisServer) -> None:
         t_phase = self.elapsed()
-        info = ensure_store(HOME_1M, ["--nodes", "1000000", "--edges", "10000000", "--epochs", "1",
-                                      "--max-train-nodes", "20000"], self.log)
+        info = ensure_store(
+            HOME_1M,
+            ["--nodes", "1000000", "--edges", "10000000", "--epochs", "1", "--max-train-nodes", "20000"],
+            self.log,
+        )
         n, e = snapshot_counts(HOME_1M)
-        self.results["config"]["store_1m"] = {"home": HOME_1M, "nodes": n, "edges": e,
-                                              "graphsage": info.get("graphsage"),
-                                              "build_seconds": info.get("build_seconds", info.get("total_seconds"))}
+        self.results["config"]["store_1m"] = {
+            "home": HOME_1M,
+            "nodes": n,
+            "edges": e,
+            "graphsage": info.get("graphsage"),
+            "build_seconds": info.get("build_seconds", info.get("total_seconds")),
+        }
         with contextlib.suppress(OSError):
             raw_command(redis.port, "FLUSHALL")
         app = procs.real_app(sc.APP_1M, HOME_1M, self.app_env(redis.url, n), self.logs)
@@ -563,7 +743,8 @@ def worker_restarts(services: list[procs.Proc]) -> dict[str, list[str]]:
     out = {}
     for svc in services:
         with contextlib.suppress(OSError):
-            lines = open(svc.log_path, errors="replace").read().splitlines()
+            with open(svc.log_path, errors="replace") as log:
+                lines = log.read().splitlines()
             inits = [ln for ln in lines if "] Service " in ln and ln.rstrip().endswith(" initialized")]
             stops = [ln[:19] for ln in lines if "cleanup finalized" in ln]
             if len(inits) > 1:
@@ -576,12 +757,15 @@ def cache_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for level, now in after.items():
         was = before.get(level, {})
-        out[level] = {k: (v if k in gauges else v - was.get(k, 0)) for k, v in now.items() if isinstance(v, (int, float))}
+        out[level] = {
+            k: (v if k in gauges else v - was.get(k, 0)) for k, v in now.items() if isinstance(v, (int, float))
+        }
     return out
 
 
-def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int = 150,
-                        idle_s: float = 0.010) -> dict[str, Any]:
+def redis_mget_baseline(
+    server: RedisServer, seconds: float, keys_per_call: int = 150, idle_s: float = 0.010
+) -> dict[str, Any]:
     """Time MGETs of ``keys_per_call`` random cached feature rows (about one request's L1 misses)
     straight from this process, through the FeatureRunner's own connection class
     (``runners.feature.cache.resp``): what an L2 read costs with no service, batcher or load around it.
@@ -625,8 +809,13 @@ def redis_mget_baseline(server: RedisServer, seconds: float, keys_per_call: int 
         if ms.size == 0:
             nan = float("nan")
             return {"keys_per_call": keys_per_call, "calls": 0, "p50_ms": nan, "p99_ms": nan, "mean_ms": nan}
-        return {"keys_per_call": keys_per_call, "calls": int(ms.size), "p50_ms": float(np.percentile(ms, 50)),
-                "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+        return {
+            "keys_per_call": keys_per_call,
+            "calls": int(ms.size),
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()),
+        }
 
     keys = asyncio.run(keys_cached())
     out = stats(asyncio.run(run(keys, 0.0, seconds / 2)))
@@ -640,8 +829,12 @@ def redis_memory(redis: RedisServer) -> dict[str, float]:
         keys = redis.dbsize()
     except OSError:
         return {}
-    return {"rss_mib": int(info.get("used_memory_rss", 0)) / 2**20,
-            "used_mib": int(info.get("used_memory", 0)) / 2**20, "keys": keys, "processes": 1}
+    return {
+        "rss_mib": int(info.get("used_memory_rss", 0)) / 2**20,
+        "used_mib": int(info.get("used_memory", 0)) / 2**20,
+        "keys": keys,
+        "processes": 1,
+    }
 
 
 COMPONENTS = (  # (component, substrings of a frame's file path); first match wins, deepest frame first
@@ -698,27 +891,39 @@ def summarise_profile(path: str, seconds: float, rate: int = 100) -> dict[str, A
                 seen.add(fn)
                 incl[fn] += n
     wall_samples = seconds * rate
-    return {"samples": total, "busy_fraction": total / max(wall_samples, 1),
-            "processes": len(pids) or 1,
-            "by_component": {k: v / max(total, 1) for k, v in comp.most_common()},
-            "top_leaf": [[k, v / max(total, 1)] for k, v in leaf.most_common(12)],
-            "top_inclusive": [[k, v / max(total, 1)] for k, v in incl.most_common(40)]}
+    return {
+        "samples": total,
+        "busy_fraction": total / max(wall_samples, 1),
+        "processes": len(pids) or 1,
+        "by_component": {k: v / max(total, 1) for k, v in comp.most_common()},
+        "top_leaf": [[k, v / max(total, 1)] for k, v in leaf.most_common(12)],
+        "top_inclusive": [[k, v / max(total, 1)] for k, v in incl.most_common(40)],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
     p.add_argument("--quick", action="store_true", help="short scenarios, no 1M graph (~3 min)")
-    p.add_argument("--out", default=None,
-                   help="results directory (JSON, plots, report.md, logs); default bench/results, "
-                        "bench/results/quick with --quick")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results directory (JSON, plots, report.md, logs); default bench/results, "
+        "bench/results/quick with --quick",
+    )
     p.add_argument("--skip-1m", action="store_true", help="full run without the 1M/10M graph")
     p.add_argument("--no-profile", action="store_true")
-    p.add_argument("--code", choices=("worktree", "head"), default="worktree",
-                   help="run the services from a snapshot of the working tree taken at start (default) or of HEAD")
+    p.add_argument(
+        "--code",
+        choices=("worktree", "head"),
+        default="worktree",
+        help="run the services from a snapshot of the working tree taken at start (default) or of HEAD",
+    )
     p.add_argument("--scale", type=float, default=1.0, help="multiply every load duration (development smoke runs)")
-    p.add_argument("--report-from", metavar="SUITE_JSON",
-                   help="run nothing: write the report (and plots) of an earlier run's JSON into --out "
-                        "(default: beside the JSON)")
+    p.add_argument(
+        "--report-from",
+        metavar="SUITE_JSON",
+        help="run nothing: write the report (and plots) of an earlier run's JSON into --out (default: beside the JSON)",
+    )
     a = p.parse_args(argv)
     if a.report_from and not a.out:
         a.out = os.path.dirname(os.path.abspath(a.report_from))
@@ -730,8 +935,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"warning: {', '.join(missing)} not installed: no profiles (pip install -e '.[bench]')", flush=True)
     if a.report_from:
         if not os.path.isfile(a.report_from):  # the results JSON is not committed (bench/results/*.json)
-            raise SystemExit(f"no results JSON at {a.report_from}: a run of the suite writes it "
-                             "(python -m bench.suite [--quick]); it is not kept in git")
+            raise SystemExit(
+                f"no results JSON at {a.report_from}: a run of the suite writes it "
+                "(python -m bench.suite [--quick]); it is not kept in git"
+            )
         with open(a.report_from) as f:
             results = json.load(f)
         md = write_report(results, os.path.abspath(a.out))

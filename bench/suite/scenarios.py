@@ -22,12 +22,12 @@ G100K = "100k/1M"
 G1M = "1M/10M"
 
 # Topologies: the ``procs.Topology`` names a scenario runs against (a row's ``topology``).
-APP = "app"                  # the composed app, L2 on a Redis of the suite's own
+APP = "app"  # the composed app, L2 on a Redis of the suite's own
 APP_NOREDIS = "app-noredis"  # the same without Redis (L1, then the memory-mapped snapshot)
-APP_DELAY = "app-delay"      # the what-if: the model runner's batching window the other way (+ "<ms>")
-APP_1M = "app-1m"            # the composed app on the 1M/10M graph
-TRIVIAL_3 = "B1"             # three services that do no work (baseline B1)
-TRIVIAL_1 = "B2"             # one service that does no work (baseline B2)
+APP_DELAY = "app-delay"  # the what-if: the model runner's batching window the other way (+ "<ms>")
+APP_1M = "app-1m"  # the composed app on the 1M/10M graph
+TRIVIAL_3 = "B1"  # three services that do no work (baseline B1)
+TRIVIAL_1 = "B2"  # one service that does no work (baseline B2)
 
 
 @dataclass(frozen=True)
@@ -38,19 +38,22 @@ class Scenario:
     nodes: int = 1
     concurrency: int = 1
     duration: str = "short"  # a ``runner.Budget`` attribute
-    share: float = 1.0       # of that duration
+    share: float = 1.0  # of that duration
     graph: str = G100K
     redis: str | None = "on"
     cache: str | None = "warm"
     group: str | None = None
     seed: int = 0
-    record: bool = True      # False: a warm-up, not a row of the results
-    quick: bool = True       # run by ``--quick`` too
-    open_loop: float = 0.0   # > 0: open loop at this fraction of OPEN_LOOP_OF's measured req/s
+    record: bool = True  # False: a warm-up, not a row of the results
+    quick: bool = True  # run by ``--quick`` too
+    open_loop: float = 0.0  # > 0: open loop at this fraction of OPEN_LOOP_OF's measured req/s
 
     def tags(self) -> dict[str, Any]:
-        return {k: v for k, v in (("graph", self.graph), ("redis", self.redis), ("cache", self.cache),
-                                  ("group", self.group)) if v is not None}
+        return {
+            k: v
+            for k, v in (("graph", self.graph), ("redis", self.redis), ("cache", self.cache), ("group", self.group))
+            if v is not None
+        }
 
     @property
     def paired_name(self) -> str:
@@ -86,8 +89,13 @@ def one_m(name: str, **kw: Any) -> Scenario:
 
 def batch_delay(sc: Scenario, delay_ms: float) -> Scenario:
     """``sc`` on the app whose model runner batches with ``delay_ms`` instead of its default."""
-    return replace(sc, name=f"{sc.what_if_prefix} {delay_ms:g} ms)", topology=f"{APP_DELAY}{delay_ms:g}",
-                   group="batch-delay" if sc.record else None, quick=False)
+    return replace(
+        sc,
+        name=f"{sc.what_if_prefix} {delay_ms:g} ms)",
+        topology=f"{APP_DELAY}{delay_ms:g}",
+        group="batch-delay" if sc.record else None,
+        quick=False,
+    )
 
 
 def open_loop_name(fraction: float) -> str:
@@ -162,16 +170,24 @@ ONE_M_C32 = one_m("1M single zipf c=32", concurrency=32, duration="single")
 ONE_M_UNIFORM_C1 = one_m("1M single uniform c=1", dist="uniform")
 ONE_M_BULK_256 = one_m("1M bulk 256 zipf c=1", nodes=256, duration="bulk")
 ONE_M_END = one_m("1M single zipf c=1 (end of phase)", seed=5)
-ONE_M = (ONE_M_COLD, one_m("1M warm-up", concurrency=8, duration="warmup", seed=21, record=False),
-         ONE_M_C1, ONE_M_C32, ONE_M_UNIFORM_C1, ONE_M_BULK_256, ONE_M_END)
+ONE_M = (
+    ONE_M_COLD,
+    one_m("1M warm-up", concurrency=8, duration="warmup", seed=21, record=False),
+    ONE_M_C1,
+    ONE_M_C32,
+    ONE_M_UNIFORM_C1,
+    ONE_M_BULK_256,
+    ONE_M_END,
+)
 
 
 # -- profiles (py-spy on one service while a scenario's load runs) -----------------------------------
 
+
 @dataclass(frozen=True)
 class Profile:
-    key: str        # its entry in ``results["profiles"]``
-    service: str    # "gateway" | "feature" | "model"
+    key: str  # its entry in ``results["profiles"]``
+    service: str  # "gateway" | "feature" | "model"
     scenario: Scenario
     quick: bool = False
 
@@ -183,8 +199,9 @@ PROFILE_FEATURE_C1 = Profile("feature_c1", "feature", SINGLE_C1)
 PROFILE_MODEL_C1 = Profile("model_c1", "model", SINGLE_C1)
 PROFILES_WARM = (PROFILE_GATEWAY_C32, PROFILE_FEATURE_C32, PROFILE_FEATURE_C1, PROFILE_MODEL_C1)
 # T3's scenario at saturation, each service in turn (the quick run profiles the FeatureRunner only).
-PROFILES_BULK = tuple(Profile(f"{svc}_bulk256", svc, BULK_256_C16, quick=svc == "feature")
-                      for svc in ("gateway", "feature", "model"))
+PROFILES_BULK = tuple(
+    Profile(f"{svc}_bulk256", svc, BULK_256_C16, quick=svc == "feature") for svc in ("gateway", "feature", "model")
+)
 
 
 def recorded(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
@@ -196,4 +213,3 @@ def recorded(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
 ALL = recorded(COLD + WARM + OPEN + TRIVIAL + NOREDIS + (END_OF_PHASE,) + BULK + ONE_M)
 BY_NAME = {sc.name: sc for sc in ALL}
 assert len(BY_NAME) == len(ALL), "scenario names must be unique"
-

@@ -21,9 +21,10 @@ from bench.suite.scenarios import Scenario
 class Variant:
     """One way an in-process baseline ran; ``key``: its entry in the output of ``bench.suite.inproc``
     (``results["baselines"]["inproc"]``)."""
+
     key: str
-    label: str   # as "the best of" names it
-    table: str   # its row in the report's in-process table ({idle_ms}: the idle gap)
+    label: str  # as "the best of" names it
+    table: str  # its row in the report's in-process table ({idle_ms}: the idle gap)
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,17 @@ class Baseline:
     label: str
     description: str
     scenarios: tuple[Scenario, ...] = ()  # B1, B2: trivial services measured as scenarios of the run
-    variants: tuple[Variant, ...] = ()    # B3, B4: in process; the baseline is the fastest at 256 nodes
+    variants: tuple[Variant, ...] = ()  # B3, B4: in process; the baseline is the fastest at 256 nodes
 
 
-B1 = Baseline("B1", "trivial 3 services", "Gateway -> FeatureRunner -> GraphSAGERunner as BentoML services that "
-              "do no work, as separate processes like the app", (sc.B1_C1, sc.B1_C8, sc.B1_C32, sc.B1_BULK_256))
-B2 = Baseline("B2", "trivial 1 service", "one BentoML service that does no work",
-              (sc.B2_C1, sc.B2_C8, sc.B2_C32))
+B1 = Baseline(
+    "B1",
+    "trivial 3 services",
+    "Gateway -> FeatureRunner -> GraphSAGERunner as BentoML services that "
+    "do no work, as separate processes like the app",
+    (sc.B1_C1, sc.B1_C8, sc.B1_C32, sc.B1_BULK_256),
+)
+B2 = Baseline("B2", "trivial 1 service", "one BentoML service that does no work", (sc.B2_C1, sc.B2_C8, sc.B2_C32))
 B3_WITH_L1 = Variant("b3", "with L1", "B3 sampler + ONNX")
 B3_NO_L1 = Variant("b3_no_l1", "without L1", "B3 without L1 (rows from the mmap)")
 B3_CALLERS = Variant("b3_callers", "concurrent callers, without L1", "B3 without L1, concurrent callers")
@@ -48,10 +53,18 @@ B3_IDLE = Variant("b3_idle", "after an idle gap before each call", "B3 after {id
 B4_ONE_THREAD = Variant("b4", "1 thread", "B4 PyG, 1 thread")
 B4_ALL_THREADS = Variant("b4_threads_all", "all threads", "B4 PyG, all threads")
 B4_CALLERS = Variant("b4_callers", "concurrent callers", "B4 PyG, concurrent callers")
-B3 = Baseline("B3", "sampler + ONNX in-process", "the project's sampler, feature store and ONNX Runtime forward in "
-              "one process, no HTTP", variants=(B3_WITH_L1, B3_NO_L1, B3_CALLERS))
-B4 = Baseline("B4", "PyG in-process", "PyG's GraphSAGE on the same sample and weights in one process",
-              variants=(B4_ONE_THREAD, B4_ALL_THREADS, B4_CALLERS))
+B3 = Baseline(
+    "B3",
+    "sampler + ONNX in-process",
+    "the project's sampler, feature store and ONNX Runtime forward in one process, no HTTP",
+    variants=(B3_WITH_L1, B3_NO_L1, B3_CALLERS),
+)
+B4 = Baseline(
+    "B4",
+    "PyG in-process",
+    "PyG's GraphSAGE on the same sample and weights in one process",
+    variants=(B4_ONE_THREAD, B4_ALL_THREADS, B4_CALLERS),
+)
 BASELINES = (B1, B2, B3, B4)
 INPROC_VARIANTS = B3.variants + B4.variants + (B3_IDLE,)
 
@@ -60,9 +73,10 @@ INPROC_VARIANTS = B3.variants + B4.variants + (B3_IDLE,)
 class Check:
     """``metric`` of the judged row ``op`` ``bound``; with ``vs``, the ratio of the row's
     ``metric`` to the same metric of that baseline's row."""
-    label: str    # how the "missed by" column names it
-    metric: str   # a field of the judged row ("p99_ms", "req_per_s", ...)
-    op: str       # "<=" (at most) or ">=" (at least)
+
+    label: str  # how the "missed by" column names it
+    metric: str  # a field of the judged row ("p99_ms", "req_per_s", ...)
+    op: str  # "<=" (at most) or ">=" (at least)
     bound: float
     unit: str = ""
     vs: Baseline | None = None
@@ -90,8 +104,10 @@ class Check:
             return ""
         if not self.bound:
             return f"{self.label} {value:g} vs {self.bound:g}"
-        return (f"{self.label} {value:.2f}{self.unit} vs {self.bound:g}{self.unit} ({abs(value / self.bound - 1):.0%} "
-                f"{'over' if self.op == '<=' else 'short'})")
+        return (
+            f"{self.label} {value:.2f}{self.unit} vs {self.bound:g}{self.unit} ({abs(value / self.bound - 1):.0%} "
+            f"{'over' if self.op == '<=' else 'short'})"
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,7 @@ class Pairing:
     """The runner measures the target's first app scenario and ``against`` in alternating windows
     (``Suite.paired``), so that both meet the same background load; the report judges on those
     windows when the run has them."""
+
     against: Scenario
     seed: int
 
@@ -106,12 +123,12 @@ class Pairing:
 @dataclass(frozen=True)
 class Target:
     id: str
-    what: str                      # the title; ``{0}``, ``{1}``, ...: the checks' bounds, in order
+    what: str  # the title; ``{0}``, ``{1}``, ...: the checks' bounds, in order
     checks: tuple[Check, ...]
-    app: tuple[Scenario, ...]      # the app's windows it is judged on (see each target below)
+    app: tuple[Scenario, ...]  # the app's windows it is judged on (see each target below)
     baselines: tuple[Baseline, ...] = ()
     pairing: Pairing | None = None
-    reference: str = ""            # a fixed figure shown beside the baselines
+    reference: str = ""  # a fixed figure shown beside the baselines
 
     @property
     def title(self) -> str:
@@ -136,31 +153,49 @@ class Target:
 
 
 # T1: the interleaved windows of the app and B1 when the run has both, else their own scenarios.
-T1 = Target("T1", "single node, c=1: e2e P99 <= {0:g}x B1 P99 and <= {1:g} ms",
-            (Check("ratio", "p99_ms", "<=", 1.3, "x", vs=B1),
-             Check("P99", "p99_ms", "<=", 10.0, " ms")),
-            app=(sc.SINGLE_C1,), baselines=(B1,), pairing=Pairing(sc.B1_C1, seed=31))
+T1 = Target(
+    "T1",
+    "single node, c=1: e2e P99 <= {0:g}x B1 P99 and <= {1:g} ms",
+    (Check("ratio", "p99_ms", "<=", 1.3, "x", vs=B1), Check("P99", "p99_ms", "<=", 10.0, " ms")),
+    app=(sc.SINGLE_C1,),
+    baselines=(B1,),
+    pairing=Pairing(sc.B1_C1, seed=31),
+)
 # T2: as T1, against B2.
-T2 = Target("T2", "single node, c=32: req/s >= {0:g}x B2, P99 <= {1:g} ms, zero errors",
-            (Check("req/s ratio", "req_per_s", ">=", 0.6, "x", vs=B2),
-             Check("P99", "p99_ms", "<=", 45.0, " ms"),
-             Check("errors", "error_count", "<=", 0)),
-            app=(sc.SINGLE_C32,), baselines=(B2,), pairing=Pairing(sc.B2_C32, seed=32))
+T2 = Target(
+    "T2",
+    "single node, c=32: req/s >= {0:g}x B2, P99 <= {1:g} ms, zero errors",
+    (
+        Check("req/s ratio", "req_per_s", ">=", 0.6, "x", vs=B2),
+        Check("P99", "p99_ms", "<=", 45.0, " ms"),
+        Check("errors", "error_count", "<=", 0),
+    ),
+    app=(sc.SINGLE_C32,),
+    baselines=(B2,),
+    pairing=Pairing(sc.B2_C32, seed=32),
+)
 # T3: the app's best concurrency against each monolith's best way to use the cores (B3 with and
 # without L1 and with concurrent callers; B4 with 1 thread, all threads, concurrent callers).
-T3 = Target("T3", "bulk 256 nodes: nodes/s >= {0:g}x B3 and >= {1:.1f}x B4",
-            (Check("vs B3", "nodes_per_s", ">=", 0.5, "x", vs=B3),
-             Check("vs B4", "nodes_per_s", ">=", 1.0, "x", vs=B4)),
-            app=(sc.BULK_256, sc.BULK_256_C4, sc.BULK_256_C16), baselines=(B3, B4))
+T3 = Target(
+    "T3",
+    "bulk 256 nodes: nodes/s >= {0:g}x B3 and >= {1:.1f}x B4",
+    (Check("vs B3", "nodes_per_s", ">=", 0.5, "x", vs=B3), Check("vs B4", "nodes_per_s", ">=", 1.0, "x", vs=B4)),
+    app=(sc.BULK_256, sc.BULK_256_C4, sc.BULK_256_C16),
+    baselines=(B3, B4),
+)
 # T4: the warmest Zipf c=1 window (the end of the 100k phase) and the first warm one; the
 # retrieval P99 judged is the worse of the two, the hit ratio the warmest window's.
-T4 = Target("T4", "feature retrieval in the FeatureRunner: P99 <= {0:g} ms warm; L1+L2 hit ratio >= {1:g}% on "
-            "Zipf(1.0), L1 = 10% of features",
-            (Check("retrieval P99 (worse window)", "retrieval_p99_ms", "<=", 1.0, " ms"),
-             Check("hit ratio", "hit_pct", ">=", 95.0, "%")),
-            app=(sc.END_OF_PHASE, sc.SINGLE_C1), reference="SLO of the design: P99 < 10 ms, hit rate > 90%")
+T4 = Target(
+    "T4",
+    "feature retrieval in the FeatureRunner: P99 <= {0:g} ms warm; L1+L2 hit ratio >= {1:g}% on "
+    "Zipf(1.0), L1 = 10% of features",
+    (
+        Check("retrieval P99 (worse window)", "retrieval_p99_ms", "<=", 1.0, " ms"),
+        Check("hit ratio", "hit_pct", ">=", 95.0, "%"),
+    ),
+    app=(sc.END_OF_PHASE, sc.SINGLE_C1),
+    reference="SLO of the design: P99 < 10 ms, hit rate > 90%",
+)
 # T5: every request of the 1M/10M phase answered, and its c=1 window measured.
-T5 = Target("T5", "scale: the 1M/10M graph served",
-            (Check("errors", "error_count", "<=", 0),),
-            app=(sc.ONE_M_C1,))
+T5 = Target("T5", "scale: the 1M/10M graph served", (Check("errors", "error_count", "<=", 0),), app=(sc.ONE_M_C1,))
 TARGETS = (T1, T2, T3, T4, T5)

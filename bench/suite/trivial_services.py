@@ -40,8 +40,10 @@ SERVING = load_settings().serving
 # connection limits BentoML's dependency proxy needs (B1 calls through it, the app through its own
 # client): it recycles its session every 100 requests and closes it under calls in flight, which
 # fails a share of requests under concurrency otherwise.
-RUNNER_OPTIONS = {**runner_service_config(SERVING, workers=1),
-                  "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9}}
+RUNNER_OPTIONS = {
+    **runner_service_config(SERVING, workers=1),
+    "runner_connection": {"max_requests": 1_000_000_000, "max_age": 1e9},
+}
 TRAFFIC = {"timeout": 30, "max_concurrency": 2048}
 
 
@@ -53,8 +55,6 @@ class TrivialModel:
     @bentoml.api
     async def infer(self, tensor: BinaryBody, /) -> BinaryBody:
         return tensor
-
-
 
 
 @bentoml.service(name="TrivialFeature", **RUNNER_OPTIONS)
@@ -69,11 +69,12 @@ class TrivialFeature:
         return await self.model.to_async.infer(struct.pack("<I", len(request) // 8))
 
 
-
-
 def _answer(node_ids: list[int]) -> dict:
-    return {"model": "trivial", "degraded": False,
-            "predictions": [{"node_id": n, "label": 0, "score": 1.0} for n in node_ids]}
+    return {
+        "model": "trivial",
+        "degraded": False,
+        "predictions": [{"node_id": n, "label": 0, "score": 1.0} for n in node_ids],
+    }
 
 
 @bentoml.service(name="TrivialGateway", workers=1, traffic=TRAFFIC, tracing=tracing_config(SERVING))

@@ -38,7 +38,8 @@ def check_version(installed: str | None = None) -> str:
         raise UntestedBentoML(
             f"BentoML {installed} is installed, but common/bento/ was tested with {', '.join(sorted(TESTED_VERSIONS))} "
             "only: install that version (pip install 'bentoml==1.4.40'), or review every module of common/bento/ "
-            "against the new release and add it to common.bento.TESTED_VERSIONS")
+            "against the new release and add it to common.bento.TESTED_VERSIONS"
+        )
     return installed
 
 

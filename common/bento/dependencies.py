@@ -24,8 +24,9 @@ def dependency_url(service_name: str) -> str | None:
     return url
 
 
-def transport_for(dependency: Any, tokens: Tokens, calls: RunnerCallsSection,
-                  backstop_s: float = DEFAULT_TIMEOUT_S) -> Transport:
+def transport_for(
+    dependency: Any, tokens: Tokens, calls: RunnerCallsSection, backstop_s: float = DEFAULT_TIMEOUT_S
+) -> Transport:
     """How to reach ``dependency`` (a ``bentoml.depends(...)`` class attribute): HTTP at the
     address BentoML gave it, or its core in this process (development mode). ``backstop_s``:
     the longest any call may take (callers bound each call by their own, shorter deadline)."""

@@ -30,7 +30,9 @@ def foreign_message(body: bytes, status: int) -> str:
     else:
         while isinstance(doc, list) and len(doc) == 1:
             doc = doc[0]
-        text = doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else orjson.dumps(doc).decode()
+        text = (
+            doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else orjson.dumps(doc).decode()
+        )
     return text[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
 
 
@@ -50,8 +52,11 @@ def in_one_shape(send: Send) -> Send:
             if message.get("more_body"):
                 return
             status = int(start["status"])
-            headers = {k.decode("latin-1").title(): v.decode("latin-1") for k, v in start.get("headers", ())
-                       if k.lower() in (b"retry-after", b"allow")}
+            headers = {
+                k.decode("latin-1").title(): v.decode("latin-1")
+                for k, v in start.get("headers", ())
+                if k.lower() in (b"retry-after", b"allow")
+            }
             if status == 503:
                 headers.setdefault("Retry-After", "1")
             return await send_error(send, ApiError(status, foreign_message(body, status), headers))

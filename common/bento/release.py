@@ -79,7 +79,7 @@ def backend_available(backend: str) -> bool:
 
     try:
         return bool(get_backend(backend).health())
-    except Exception:  # noqa: BLE001 - a missing binary is "not available"
+    except Exception:
         return False
 
 
@@ -92,8 +92,12 @@ def deployment_schema_fields() -> dict[str, set[str]]:
     def fields(cls: Any) -> set[str]:
         return {f.name for f in attr.fields(cls)}
 
-    return {"deployment": fields(CreateDeploymentSchema), "service": fields(DeploymentServiceConfig),
-            "scaling": fields(DeploymentTargetHPAConf), "policy": fields(HPAPolicy)}
+    return {
+        "deployment": fields(CreateDeploymentSchema),
+        "service": fields(DeploymentServiceConfig),
+        "scaling": fields(DeploymentTargetHPAConf),
+        "policy": fields(HPAPolicy),
+    }
 
 
 def structure_deployment(config: dict[str, Any]) -> Any:

@@ -46,10 +46,11 @@ async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: An
     fut = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
     try:
         await waiter
-    except asyncio.TimeoutError:
+    except TimeoutError:
         if fut.cancel():
-            await send_error(send, ApiError(504, f"not able to process the request in {self.timeout} seconds",
-                                            type="timeout"))
+            await send_error(
+                send, ApiError(504, f"not able to process the request in {self.timeout} seconds", type="timeout")
+            )
     else:
         timer.cancel()
         await fut
@@ -61,8 +62,9 @@ async def _concurrency_call(self: Any, scope: dict[str, Any], receive: Any, send
     if scope["type"] not in ("http", "websocket") or scope["path"] in self.skip_paths:
         return await self.app(scope, receive, send)
     if self._semaphore.locked():
-        return await send_error(send, ApiError(503, "too many requests in flight here; retry shortly",
-                                               retry_after(1.0), type="overloaded"))
+        return await send_error(
+            send, ApiError(503, "too many requests in flight here; retry shortly", retry_after(1.0), type="overloaded")
+        )
     async with self._semaphore:
         await self.app(scope, receive, send)
 

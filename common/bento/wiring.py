@@ -41,15 +41,25 @@ class CoreHolder(Generic[C]):
         return self._value
 
 
-def expose(service: Any, endpoints: Iterable[Endpoint[Any, Any]], holder: CoreHolder[Any],
-           guard: type, guard_options: Mapping[str, Any] | None = None,
-           documents: Mapping[str, Callable[[], dict[str, Any]]] | None = None) -> None:
+def expose(
+    service: Any,
+    endpoints: Iterable[Endpoint[Any, Any]],
+    holder: CoreHolder[Any],
+    guard: type,
+    guard_options: Mapping[str, Any] | None = None,
+    documents: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
+) -> None:
     """``service``'s endpoints answered by the core in ``holder``, behind ``guard``.
     ``documents``: GET path -> a JSON document built on first request (a runner's OpenAPI)."""
     endpoints = tuple(endpoints)
     service.add_asgi_middleware(guard, **dict(guard_options or {}))
-    service.add_asgi_middleware(EndpointRouter, endpoints=endpoints, target=holder.get, server_name=service.name,
-                                documents=dict(documents or {}))
+    service.add_asgi_middleware(
+        EndpointRouter,
+        endpoints=endpoints,
+        target=holder.get,
+        server_name=service.name,
+        documents=dict(documents or {}),
+    )
 
 
 def service_started() -> None:

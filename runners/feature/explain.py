@@ -22,11 +22,12 @@ predicted one (multiclass) or every label (multilabel).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
-from common.feature_tensor import FeatureTensor, to_padded
 from common.feature_runner_api import EXPLANATION_ARRAYS
+from common.feature_tensor import FeatureTensor, to_padded
 
 PAD = -1  # runners.feature.sampling.PAD
 
@@ -58,7 +59,7 @@ def with_variants(ft: FeatureTensor) -> Variants:
         extended = np.concatenate([level, np.full_like(level[:, :1], PAD)], axis=1)
         levels.append(np.concatenate([level, extended[target[:, None], order]]))
     index = [levels[0].astype(np.int32)]
-    for parent, level in zip(levels[:-1], levels[1:]):
+    for parent, level in itertools.pairwise(levels):
         index.append(np.ascontiguousarray(level.reshape(-1, level.shape[-1])[parent.reshape(-1) >= 0], np.int32))
     tensor = dataclasses.replace(ft, index=index)
     return Variants(tensor, ft.num_targets, target.astype(np.int64), slot.astype(np.int64), k1)

@@ -144,9 +144,17 @@ class LiveGraph:
     def stats(self) -> OverlayStats:
         touched = int((self._offset >= 0).sum()) if self._offset.size else 0
         edges = int(self._degree[self._offset >= 0].sum()) if touched else 0
-        nbytes = (self._offset.nbytes + self._degree.nbytes + self._room.nbytes + self._arena.nbytes
-                  + self._row_slot.nbytes + self._rows.nbytes + self._version.nbytes
-                  + self._added_src.nbytes + self._added_dst.nbytes)
+        nbytes = (
+            self._offset.nbytes
+            + self._degree.nbytes
+            + self._room.nbytes
+            + self._arena.nbytes
+            + self._row_slot.nbytes
+            + self._rows.nbytes
+            + self._version.nbytes
+            + self._added_src.nbytes
+            + self._added_dst.nbytes
+        )
         return OverlayStats(touched, self.added_nodes, self.removed_nodes, edges, self._rows_used, int(nbytes))
 
     # -- validating ------------------------------------------------------------------------------
@@ -184,8 +192,9 @@ class LiveGraph:
                 if name in op:
                     v = op[name]
                     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < self.capacity:
-                        raise BatchRejected(i, kind, name, f"must be a node id in [0, {self.capacity}) "
-                                                           "(GSAGE_GRAPH_CAPACITY)")
+                        raise BatchRejected(
+                            i, kind, name, f"must be a node id in [0, {self.capacity}) (GSAGE_GRAPH_CAPACITY)"
+                        )
             if "features" in op:
                 self._check_features(i, kind, op["features"])
             if kind == "add_node":
@@ -236,7 +245,11 @@ class LiveGraph:
                 if np.isfinite(values).all() and not (np.abs(values) > FLOAT32_MAX).any():
                     return
         for x in features:
-            if not isinstance(x, (int, float)) or isinstance(x, bool) or isinstance(x, float) and not math.isfinite(x):
+            if (
+                not isinstance(x, (int, float))
+                or isinstance(x, bool)
+                or (isinstance(x, float) and not math.isfinite(x))
+            ):
                 raise BatchRejected(i, kind, "features", f"must be finite numbers, got {x!r}")
             if abs(x) > FLOAT32_MAX:  # an int of any size compares exactly
                 raise BatchRejected(i, kind, "features", f"{x!r} does not fit a float32")
@@ -246,8 +259,9 @@ class LiveGraph:
             return
         classes = self._num_classes
         if self.base.task == "multilabel":
-            ok = isinstance(label, list) and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < classes
-                                                 for c in label)
+            ok = isinstance(label, list) and all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c < classes for c in label
+            )
             want = f"a list of class indices in [0, {classes})"
         else:
             ok = isinstance(label, int) and not isinstance(label, bool) and 0 <= label < classes
@@ -316,7 +330,9 @@ class LiveGraph:
         indptr, sources = self._reverse
         base = sources[indptr[v] : indptr[v + 1]] if v < self.base.num_nodes else sources[:0]
         added = self._added_src[: self._added_used][self._added_dst[: self._added_used] == v]
-        return [u for u in np.unique(np.concatenate([base, added])).tolist() if u != v and np.any(self.neighbours(u) == v)]
+        return [
+            u for u in np.unique(np.concatenate([base, added])).tolist() if u != v and np.any(self.neighbours(u) == v)
+        ]
 
     # -- neighbour list storage ------------------------------------------------------------------
 
@@ -415,10 +431,21 @@ class LiveGraph:
         labels = self._labels(n)
         present = self.present[:n].copy()
         splits = {s: getattr(self.base, s)[present[getattr(self.base, s)]] for s in ("train", "val", "test")}
-        return GraphSnapshot(indptr, indices, features, labels, splits["train"], splits["val"], splits["test"],
-                             task=self.base.task, source=self.base.source, directed=self.directed,
-                             present=None if present.all() else present, log_sequence=self.sequence,
-                             extra=dict(self.base.extra))
+        return GraphSnapshot(
+            indptr,
+            indices,
+            features,
+            labels,
+            splits["train"],
+            splits["val"],
+            splits["test"],
+            task=self.base.task,
+            source=self.base.source,
+            directed=self.directed,
+            present=None if present.all() else present,
+            log_sequence=self.sequence,
+            extra=dict(self.base.extra),
+        )
 
     def _labels(self, n: int) -> np.ndarray:
         base = np.asarray(self.base.labels)

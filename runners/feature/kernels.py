@@ -36,8 +36,18 @@ def _splitmix64(x: np.uint64) -> np.uint64:
 
 
 @njit(cache=True, inline="always")
-def _draw_row(src: np.ndarray, start: np.int64, deg: np.int64, v: np.int64, seed: np.int64, k: int,
-              hop_key: np.uint64, chosen: np.ndarray, out: np.ndarray, i: int) -> None:
+def _draw_row(
+    src: np.ndarray,
+    start: np.int64,
+    deg: np.int64,
+    v: np.int64,
+    seed: np.int64,
+    k: int,
+    hop_key: np.uint64,
+    chosen: np.ndarray,
+    out: np.ndarray,
+    i: int,
+) -> None:
     """``out[i]`` from the neighbour list ``src[start:start + deg]`` of node ``v``."""
     if deg <= k:
         for c in range(k):
@@ -59,9 +69,18 @@ def _draw_row(src: np.ndarray, start: np.int64, deg: np.int64, v: np.int64, seed
 
 
 @njit(cache=True)
-def sample_level(indptr: np.ndarray, indices: np.ndarray, ov_offset: np.ndarray, ov_degree: np.ndarray,
-                 ov_arena: np.ndarray, nodes: np.ndarray, seeds: np.ndarray, k: int, hop: int,
-                 out: np.ndarray) -> None:
+def sample_level(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    ov_offset: np.ndarray,
+    ov_degree: np.ndarray,
+    ov_arena: np.ndarray,
+    nodes: np.ndarray,
+    seeds: np.ndarray,
+    k: int,
+    hop: int,
+    out: np.ndarray,
+) -> None:
     """``out[i]``: up to ``k`` distinct neighbours of ``nodes[i]``, real ones first, then PAD.
 
     A node's neighbour list is the base CSR's, unless the overlay has one for it

@@ -38,8 +38,8 @@ import numpy as np
 
 from common.errors import KindOfError
 from common.feature_runner_api import NotAppliedYet
-from runners.feature import update_log
 from common.graph_ops import BatchRejected
+from runners.feature import update_log
 from runners.feature.graph import LiveGraph
 from runners.feature.snapshot import GraphSnapshot, load_snapshot, save_snapshot
 from runners.feature.update_log import LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog
@@ -93,12 +93,23 @@ def _wall_clock() -> float:
 
 
 class GraphKeeper:
-    def __init__(self, graph: LiveGraph, log_: UpdateLog, *, on_swap: Callable[[LiveGraph], None] = lambda g: None,
-                 on_rows_changed: Callable[[np.ndarray], None] = lambda ids: None, poll_interval_s: float = 0.02,
-                 max_ops: int = 10_000, capacity: int = 0, worker: str | None = None,
-                 observer: Observer | None = None, clock: Callable[[], float] = _wall_clock,
-                 timer: Callable[[], float] = time.perf_counter, read_batch: int = READ_BATCH,
-                 status_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        graph: LiveGraph,
+        log_: UpdateLog,
+        *,
+        on_swap: Callable[[LiveGraph], None] = lambda g: None,
+        on_rows_changed: Callable[[np.ndarray], None] = lambda ids: None,
+        poll_interval_s: float = 0.02,
+        max_ops: int = 10_000,
+        capacity: int = 0,
+        worker: str | None = None,
+        observer: Observer | None = None,
+        clock: Callable[[], float] = _wall_clock,
+        timer: Callable[[], float] = time.perf_counter,
+        read_batch: int = READ_BATCH,
+        status_interval_s: float = 1.0,
+    ) -> None:
         """``on_swap``: the builder and the feature store start serving a new graph (compaction);
         ``on_rows_changed``: rows of these ids changed (the caches forget them). Both are called
         under ``lock``. ``clock``: the wall clock the entries' ``acked_at`` is read against
@@ -152,21 +163,25 @@ class GraphKeeper:
             except asyncio.CancelledError:
                 raise
             except LogUnavailable as exc:
-                log.warning("update log unavailable (%s); serving the graph as applied (sequence %d)",
-                            exc, self.graph.sequence)
+                log.warning(
+                    "update log unavailable (%s); serving the graph as applied (sequence %d)", exc, self.graph.sequence
+                )
                 await asyncio.sleep(max(self.poll_interval_s, 0.5))
-            except Exception as exc:  # noqa: BLE001 - a bug or a corrupt entry: stop applying, say so
+            except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
-                log.exception("applying the update log failed at sequence %d; this worker stops applying",
-                              self.graph.sequence + 1)
+                log.exception(
+                    "applying the update log failed at sequence %d; this worker stops applying", self.graph.sequence + 1
+                )
                 return
 
     async def _check_head(self) -> int:
         head = await self.log.head()
         if head < self.graph.sequence:
-            raise LogBehind(f"the update log's head ({head}) is behind {self.graph.base.tag}, which holds the updates "
-                            f"up to {self.graph.sequence}: it was folded from another update log (or this one was "
-                            "lost); serve a snapshot of this log, or point GSAGE_GRAPH_LOG* at the log it came from")
+            raise LogBehind(
+                f"the update log's head ({head}) is behind {self.graph.base.tag}, which holds the updates "
+                f"up to {self.graph.sequence}: it was folded from another update log (or this one was "
+                "lost); serve a snapshot of this log, or point GSAGE_GRAPH_LOG* at the log it came from"
+            )
         return head
 
     async def catch_up(self) -> int:
@@ -180,8 +195,10 @@ class GraphKeeper:
             try:
                 entries = await self.log.read(self.graph.sequence, self.read_batch)
             except LogTrimmed as exc:
-                raise RuntimeError(f"the update log no longer holds the entries after {self.graph.sequence} "
-                                   f"({self.graph.base.tag}): serve a newer snapshot (GSAGE_SNAPSHOT_TAG)") from exc
+                raise RuntimeError(
+                    f"the update log no longer holds the entries after {self.graph.sequence} "
+                    f"({self.graph.base.tag}): serve a newer snapshot (GSAGE_SNAPSHOT_TAG)"
+                ) from exc
             if not entries:
                 if self._lag_reported:  # caught up: once, not at every idle poll
                     self._report_lag(0.0)
@@ -263,10 +280,13 @@ class GraphKeeper:
             if left <= 0:
                 head = await self.log.head()
                 if sequence > head:
-                    raise NeverIssued(f"min_sequence {sequence} was never issued: the update log's latest sequence is "
-                                      f"{head}; pass the sequence an update answered")
-                raise NotAppliedYet(f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); "
-                                 "retry shortly")
+                    raise NeverIssued(
+                        f"min_sequence {sequence} was never issued: the update log's latest sequence is "
+                        f"{head}; pass the sequence an update answered"
+                    )
+                raise NotAppliedYet(
+                    f"graph update {sequence} is not applied here yet (applied: {self.graph.sequence}); retry shortly"
+                )
             event = self._applied_event
             try:
                 await asyncio.wait_for(asyncio.shield(event.wait()), min(left, self.poll_interval_s))
@@ -284,8 +304,9 @@ class GraphKeeper:
         snapshot = await asyncio.to_thread(load_snapshot, op["tag"])
         fresh = await replay(snapshot, self.log, entry.sequence - 1, self.capacity or self.graph.capacity)
         if fresh.sequence != entry.sequence - 1:
-            raise RuntimeError(f"the log ended at {fresh.sequence} while replaying it onto {op['tag']} "
-                               f"(expected {entry.sequence - 1})")
+            raise RuntimeError(
+                f"the log ended at {fresh.sequence} while replaying it onto {op['tag']} (expected {entry.sequence - 1})"
+            )
         async with self.lock:
             fresh.sequence = entry.sequence
             self.graph = fresh
@@ -293,11 +314,20 @@ class GraphKeeper:
         self._applied(entry)
         seconds = self.timer() - started
         replayed = entry.sequence - 1 - snapshot.log_sequence
-        self.last_switch = {"snapshot": op["tag"], "sequence": entry.sequence, "replayed": replayed,
-                            "seconds": round(seconds, 3)}
+        self.last_switch = {
+            "snapshot": op["tag"],
+            "sequence": entry.sequence,
+            "replayed": replayed,
+            "seconds": round(seconds, 3),
+        }
         self.observer.compaction("switch", seconds)
-        log.info("serving %s (log sequence %d) after %d replayed updates, switched in %.2f s", op["tag"],
-                 snapshot.log_sequence, replayed, seconds)
+        log.info(
+            "serving %s (log sequence %d) after %d replayed updates, switched in %.2f s",
+            op["tag"],
+            snapshot.log_sequence,
+            replayed,
+            seconds,
+        )
 
     async def compact(self, upto: int | None = None) -> dict[str, Any]:
         """Fold the log into a new snapshot and tell every worker to serve it (``_snapshot``)."""
@@ -319,11 +349,18 @@ class GraphKeeper:
 
     def status(self) -> dict[str, Any]:
         stats = self.graph.stats()
-        return {"applied": self.graph.sequence, "head_seen": self.head, "lag_entries": max(0, self.head - self.graph.sequence),
-                "lag_seconds": round(self.lag_seconds(), 3),
-                "snapshot": self.graph.base.tag, "snapshot_sequence": self.graph.base.log_sequence,
-                "overlay": dataclasses.asdict(stats), "capacity": self.graph.capacity,
-                "last_switch": self.last_switch, "failed": self.failed}
+        return {
+            "applied": self.graph.sequence,
+            "head_seen": self.head,
+            "lag_entries": max(0, self.head - self.graph.sequence),
+            "lag_seconds": round(self.lag_seconds(), 3),
+            "snapshot": self.graph.base.tag,
+            "snapshot_sequence": self.graph.base.log_sequence,
+            "overlay": dataclasses.asdict(stats),
+            "capacity": self.graph.capacity,
+            "last_switch": self.last_switch,
+            "failed": self.failed,
+        }
 
     async def _publish_status(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -352,7 +389,7 @@ class GraphKeeper:
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            except (asyncio.CancelledError, Exception):
                 pass
 
 
@@ -378,8 +415,9 @@ def _apply_all(graph: LiveGraph, entries: list[LogEntry]) -> None:
             graph.apply(entry.ops, entry.sequence)
 
 
-async def compact(snapshot_tag: str, log_: UpdateLog, upto: int | None = None, capacity: int = 0,
-                  announce: bool = True) -> dict[str, Any]:
+async def compact(
+    snapshot_tag: str, log_: UpdateLog, upto: int | None = None, capacity: int = 0, announce: bool = True
+) -> dict[str, Any]:
     """Build ``graph-snapshot:<v>`` from ``snapshot_tag`` + the log (up to ``upto``, default
     its head), recording the sequence it holds; with ``announce``, append the ``_snapshot`` entry
     that makes every FeatureRunner worker switch to it."""
@@ -391,9 +429,15 @@ async def compact(snapshot_tag: str, log_: UpdateLog, upto: int | None = None, c
     seconds = time.perf_counter() - started
     snapshot.extra = {**snapshot.extra, "compacted_from": base.tag, "compaction_seconds": round(seconds, 3)}
     tag = await asyncio.to_thread(save_snapshot, snapshot, {"compacted_from": base.tag.split(":")[-1]})
-    result = {"snapshot": tag, "compacted_from": base.tag, "log_sequence": folded,
-              "updates_folded": folded - base.log_sequence, "seconds": round(time.perf_counter() - started, 3),
-              "num_nodes": snapshot.num_nodes, "num_edges": snapshot.num_edges}
+    result = {
+        "snapshot": tag,
+        "compacted_from": base.tag,
+        "log_sequence": folded,
+        "updates_folded": folded - base.log_sequence,
+        "seconds": round(time.perf_counter() - started, 3),
+        "num_nodes": snapshot.num_nodes,
+        "num_edges": snapshot.num_edges,
+    }
     if announce:
         while True:
             head = await log_.head()

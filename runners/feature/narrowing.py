@@ -32,7 +32,7 @@ def _cast_session() -> Any:
         if _session is None and not _unavailable:
             try:
                 _session = _build_session()
-            except Exception:  # noqa: BLE001 - any failure: numpy does the job, slower
+            except Exception:
                 log.exception("ONNX Runtime Cast unavailable; narrowing rows with numpy")
                 _unavailable = True
         return _session
@@ -43,9 +43,11 @@ def _build_session() -> Any:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["rows"], ["narrow"], to=TensorProto.FLOAT16)], "narrow_rows",
+        [helper.make_node("Cast", ["rows"], ["narrow"], to=TensorProto.FLOAT16)],
+        "narrow_rows",
         [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
-        [helper.make_tensor_value_info("narrow", TensorProto.FLOAT16, [None, None])])
+        [helper.make_tensor_value_info("narrow", TensorProto.FLOAT16, [None, None])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # one core per worker, as the model runner

@@ -15,16 +15,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.errors import KindOfError
-from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
-from common.feature_tensor import FeatureTensor
-from runners.feature.tree_layout import PremeanTree, compact
-from runners.feature.narrowing import to_dtype
 from common.feature_runner_api import random_seed
+from common.feature_tensor import FeatureTensor
 from common.settings import TRANSPORT_DTYPES
+from runners.feature.cache.tiered import FetchStats, TieredFeatureStore
 from runners.feature.graph import LiveGraph
+from runners.feature.narrowing import to_dtype
 from runners.feature.sampling import sample_tree
 from runners.feature.snapshot import GraphSnapshot
-
+from runners.feature.tree_layout import PremeanTree, compact
 
 
 class InvalidRequest(KindOfError):
@@ -65,8 +64,14 @@ class BatchTimings:
 
 
 class NeighbourhoodBuilder:
-    def __init__(self, graph: LiveGraph | GraphSnapshot, store: TieredFeatureStore, max_fanout: Sequence[int],
-                 max_nodes: int = 1024, scan_min_targets: int = 0) -> None:
+    def __init__(
+        self,
+        graph: LiveGraph | GraphSnapshot,
+        store: TieredFeatureStore,
+        max_fanout: Sequence[int],
+        max_nodes: int = 1024,
+        scan_min_targets: int = 0,
+    ) -> None:
         """``graph``: the live graph served (a snapshot alone: one with no updates).
         ``scan_min_targets``: batches with at least this many targets fetch as a scan
         (``TieredFeatureStore``: L1 and origin only, no cache fill); 0: never."""
@@ -81,17 +86,24 @@ class NeighbourhoodBuilder:
         # request: a read-only memory map is a numba type of its own (else seconds of compiling).
         compact(sample_tree(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, seed=0))
         if len(self.max_fanout) >= 2:
-            tree = PremeanTree.sample(snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout,
-                                      np.zeros(1, np.int64))
+            tree = PremeanTree.sample(
+                snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, np.zeros(1, np.int64)
+            )
             tree.tensor_parts(snapshot.features[tree.unique])
         # Likewise ONNX Runtime's Cast session for float16 rows (runners/feature/narrowing.py):
         # importing onnx and onnxruntime in the first float16 request made it slow enough, on a slow
         # machine, that its model call missed its deadline (a 503 in CI).
         to_dtype(np.ascontiguousarray(snapshot.features[:1]), "float16")
 
-    def validate(self, node_ids: object, fanout: Sequence[int] | None = None, seed: int | None = None,
-                 dtype: str = "float32", seeds: Sequence[int] | np.ndarray | None = None,
-                 premean: bool = False) -> FeatureRequest:
+    def validate(
+        self,
+        node_ids: object,
+        fanout: Sequence[int] | None = None,
+        seed: int | None = None,
+        dtype: str = "float32",
+        seeds: Sequence[int] | np.ndarray | None = None,
+        premean: bool = False,
+    ) -> FeatureRequest:
         ids = _as_ids(node_ids)
         if ids.size == 0:
             raise InvalidRequest("node_ids is empty")
@@ -107,7 +119,9 @@ class NeighbourhoodBuilder:
         if fanout is not None and not isinstance(fanout, (list, tuple, np.ndarray)):
             raise InvalidRequest(f"fanout must be a list of {len(self.max_fanout)} integers")
         fan = self.max_fanout if fanout is None else tuple(fanout)
-        if len(fan) != len(self.max_fanout) or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) for k in fan):
+        if len(fan) != len(self.max_fanout) or any(
+            not isinstance(k, (int, np.integer)) or isinstance(k, bool) for k in fan
+        ):
             raise InvalidRequest(f"fanout must be {len(self.max_fanout)} integers, got {list(fan)}")
         if any(k < 1 or k > m for k, m in zip(fan, self.max_fanout)):
             raise InvalidRequest(f"fanout {list(fan)} outside 1..{list(self.max_fanout)} per hop")
@@ -124,8 +138,14 @@ class NeighbourhoodBuilder:
             if not isinstance(seeds, (list, tuple)) or len(seeds) != ids.size or not all(map(_valid_seed, seeds)):
                 raise InvalidRequest("seeds must hold one integer in [0, 2^63) per node id")
             per_node = np.asarray(seeds, dtype=np.int64)
-        return FeatureRequest(ids, tuple(int(k) for k in fan), random_seed() if seed is None else int(seed), dtype,
-                              per_node, bool(premean) and len(fan) >= 2)  # premean needs 2+ hops
+        return FeatureRequest(
+            ids,
+            tuple(int(k) for k in fan),
+            random_seed() if seed is None else int(seed),
+            dtype,
+            per_node,
+            bool(premean) and len(fan) >= 2,
+        )  # premean needs 2+ hops
 
     async def build(self, requests: list[FeatureRequest]) -> list[FeatureTensor]:
         """One batch over the graph as it is now: the caller keeps updates out until it returns."""
@@ -157,8 +177,10 @@ class NeighbourhoodBuilder:
         # then fetches exactly those rows and uses them as they come, without a second unique over
         # the whole tree and a gather (this step is in the "assemble" stage of python -m
         # bench.suite's stage breakdown; python bench/bench_premean.py times build per batch size).
-        compacted = [(premean_trees[i].unique, premean_trees[i]) if i in premean_trees else compact(trees[i])
-                     for i in range(len(requests))]
+        compacted = [
+            (premean_trees[i].unique, premean_trees[i]) if i in premean_trees else compact(trees[i])
+            for i in range(len(requests))
+        ]
         if len(compacted) == 1:
             all_ids = compacted[0][0]
         else:
@@ -173,8 +195,17 @@ class NeighbourhoodBuilder:
             feats = rows if len(compacted) == 1 else rows[np.searchsorted(all_ids, unique)]
             if isinstance(index, PremeanTree):
                 kept, inner, last_rows, last_mean = index.tensor_parts(feats)
-                out.append(FeatureTensor(to_dtype(kept, r.dtype), inner, base.tag, last_rows,
-                                         to_dtype(last_mean, r.dtype), r.fanout[-1], unique[: index.kept]))
+                out.append(
+                    FeatureTensor(
+                        to_dtype(kept, r.dtype),
+                        inner,
+                        base.tag,
+                        last_rows,
+                        to_dtype(last_mean, r.dtype),
+                        r.fanout[-1],
+                        unique[: index.kept],
+                    )
+                )
             else:
                 out.append(FeatureTensor(to_dtype(feats, r.dtype), index, base.tag, node_ids=unique))
         assemble_s = compacted_s + (time.perf_counter() - fetched)

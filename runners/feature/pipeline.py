@@ -36,8 +36,13 @@ from common import wire
 from common.batching import AdaptiveBatcher
 from common.bento.store import StoreEntryNotFound, get_entry
 from common.errors import ApiError
-from common.feature_runner_api import (CompactRequest, FeaturesRequest, ModelRunnerUnavailable, PredictBatch,
-                                       check_explain_size)
+from common.feature_runner_api import (
+    CompactRequest,
+    FeaturesRequest,
+    ModelRunnerUnavailable,
+    PredictBatch,
+    check_explain_size,
+)
 from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from common.graph_ops import GraphUpdateAck
 from common.model_runner_api import InferCall, ModelRunnerApi, UnknownVersion
@@ -103,9 +108,17 @@ class ModelVersions:
 
 
 class FeaturePipeline:
-    def __init__(self, keeper: GraphKeeper, store: TieredFeatureStore, builder: NeighbourhoodBuilder,
-                 model: ModelRunnerApi, update_log: UpdateLog, limits: PipelineLimits,
-                 versions: ModelVersions | None = None, observer: FeatureObserver | None = None) -> None:
+    def __init__(
+        self,
+        keeper: GraphKeeper,
+        store: TieredFeatureStore,
+        builder: NeighbourhoodBuilder,
+        model: ModelRunnerApi,
+        update_log: UpdateLog,
+        limits: PipelineLimits,
+        versions: ModelVersions | None = None,
+        observer: FeatureObserver | None = None,
+    ) -> None:
         self.keeper = keeper
         keeper.on_swap = self.serve  # a compaction's graph takes over here
         self.store = store
@@ -116,7 +129,8 @@ class FeaturePipeline:
         self.versions = versions or ModelVersions()
         self._observer = observer or _Quiet()
         self.batcher: AdaptiveBatcher[FeatureRequest, FeatureTensor] = AdaptiveBatcher(
-            self._build, max_batch_size=limits.max_batch_targets, size_of=lambda r: int(r.node_ids.size))
+            self._build, max_batch_size=limits.max_batch_targets, size_of=lambda r: int(r.node_ids.size)
+        )
         self._warm_task: asyncio.Task[int] | None = None
         self._l2_errors_seen = 0
 
@@ -165,18 +179,25 @@ class FeaturePipeline:
     async def features(self, request: FeaturesRequest) -> FeatureTensor:
         """Sample and fetch; the FeatureTensor itself (tools, tests, other callers)."""
         seeds = np.asarray(request.seeds, np.int64) if request.seeds is not None else None
-        validated = self.builder.validate(request.node_ids, request.fanout, request.seed, request.dtype, seeds,
-                                          request.layout == PREMEAN)
+        validated = self.builder.validate(
+            request.node_ids, request.fanout, request.seed, request.dtype, seeds, request.layout == PREMEAN
+        )
         ft = await self.batcher.submit(validated)
         return ft
 
     async def info(self) -> dict[str, Any]:
         """The snapshot served, the fanout limits and cache counters per level."""
         base = self.graph.base
-        return {"graph_snapshot": base.tag, "num_nodes": base.num_nodes, "num_edges": base.num_edges,
-                "feature_dim": base.feature_dim, "graph_sequence": self.graph.sequence,
-                "max_fanout": list(self.builder.max_fanout), "cache": self.store.stats(),
-                "batches": vars(self.batcher.stats)}
+        return {
+            "graph_snapshot": base.tag,
+            "num_nodes": base.num_nodes,
+            "num_edges": base.num_edges,
+            "feature_dim": base.feature_dim,
+            "graph_sequence": self.graph.sequence,
+            "max_fanout": list(self.builder.max_fanout),
+            "cache": self.store.stats(),
+            "batches": vars(self.batcher.stats),
+        }
 
     async def graph_update(self, ops: list[dict[str, Any]]) -> GraphUpdateAck:
         """Validated whole against the graph as the log has it, appended durably to the update
@@ -184,15 +205,20 @@ class FeaturePipeline:
         try:
             entry = await self.keeper.submit(ops)  # BatchRejected, TooManyOps, LogBehind: ApiErrors
         except LogUnavailable as exc:
-            raise ApiError.unavailable(f"update log unavailable, nothing was accepted: {exc}", 1.0,
-                                       type="update_log_unavailable") from exc
+            raise ApiError.unavailable(
+                f"update log unavailable, nothing was accepted: {exc}", 1.0, type="update_log_unavailable"
+            ) from exc
         return GraphUpdateAck(accepted=len(ops), sequence=entry.sequence)
 
     async def graph_status(self) -> dict[str, Any]:
         """The update log's head and every worker's applied sequence, lag and overlay."""
         kind = self.limits.graph_log_kind
-        out: dict[str, Any] = {"this_worker": self.keeper.worker, "capacity": self.graph.capacity,
-                               "directed": self.graph.directed, "last_compaction": self.keeper.last_compaction}
+        out: dict[str, Any] = {
+            "this_worker": self.keeper.worker,
+            "capacity": self.graph.capacity,
+            "directed": self.graph.directed,
+            "last_compaction": self.keeper.last_compaction,
+        }
         try:
             out["log"] = {"kind": kind, "head": await self.update_log.head()}
             workers = await self.update_log.statuses()
@@ -216,8 +242,9 @@ class FeaturePipeline:
 
     # -- work --------------------------------------------------------------------------------------
 
-    async def _tensor(self, node_ids: np.ndarray, fanout: tuple[int, ...] | None, seeds: np.ndarray, dtype: str,
-                      premean: bool = False) -> FeatureTensor:
+    async def _tensor(
+        self, node_ids: np.ndarray, fanout: tuple[int, ...] | None, seeds: np.ndarray, dtype: str, premean: bool = False
+    ) -> FeatureTensor:
         request = self.builder.validate(node_ids, fanout, None, dtype, seeds, premean)  # raises InvalidRequest
         return await self.batcher.submit(request)
 
@@ -239,8 +266,9 @@ class FeaturePipeline:
         check_explain_size(batch.node_ids.size, self.limits.explain_max_nodes)
         ft = await self._tensor(batch.node_ids, batch.fanout, batch.seeds, batch.dtype)
         variants = with_variants(ft)
-        answer = await self._infer(InferCall(variants.tensor, tag, batch.embedding),
-                                   WaitBudget(self.limits.model_call_timeout_s))
+        answer = await self._infer(
+            InferCall(variants.tensor, tag, batch.embedding), WaitBudget(self.limits.model_call_timeout_s)
+        )
         meta, arrays = answer.unpack()
         explanation = explain(ft, variants, arrays["probs"], meta.get("task") == "multilabel")
         ours = {k: arrays[k][: variants.originals] for k in ("logits", "probs", "embedding") if k in arrays}
@@ -256,5 +284,5 @@ class FeaturePipeline:
             if exc.status < 500:
                 raise
             raise ModelRunnerUnavailable(f"model runner unavailable: {exc.message}") from exc
-        except Exception as exc:  # noqa: BLE001 - a timeout or a transport failure
+        except Exception as exc:
             raise ModelRunnerUnavailable(f"model runner unavailable: {failure_reason(exc)}") from exc

@@ -48,13 +48,19 @@ def _no_overlay(indices: np.ndarray) -> AdjacencyOverlay:
     """Empty overlay arrays (the kernel's types), made once per index dtype."""
     empty = _EMPTY.get(indices.dtype)
     if empty is None:
-        empty = _EMPTY[indices.dtype] = AdjacencyOverlay(np.empty(0, np.int64), np.empty(0, np.int64),
-                                                         np.empty(0, indices.dtype))
+        empty = _EMPTY[indices.dtype] = AdjacencyOverlay(
+            np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, indices.dtype)
+        )
     return empty
 
 
 def sample_neighbours(
-    indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, fanout: int, seed: Seeds, hop: int = 0,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    nodes: np.ndarray,
+    fanout: int,
+    seed: Seeds,
+    hop: int = 0,
     overlay: AdjacencyOverlay | None = None,
 ) -> np.ndarray:
     """Sample up to ``fanout`` distinct neighbours of each node; ``[len(nodes), fanout]`` int64.

@@ -47,21 +47,44 @@ def assemble(cfg: Settings, model: ModelRunnerApi) -> FeaturePipeline:
     store = build_feature_store(cfg.feature_cache, cfg.redis, snapshot.features, snapshot.tag, graph)
     store.on_fill = PrometheusObserver.l1_fill
     builder = NeighbourhoodBuilder(graph, store, cfg.fanout, cfg.runner_call_max_nodes, cfg.scan_min_targets)
-    update_log = update_log_from(cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file,
-                                 live.graph_log_key, segment_bytes=live.graph_log_segment_bytes,
-                                 lock_timeout_s=live.graph_log_lock_timeout_s)
-    limits = PipelineLimits(premean=cfg.premean, premean_min_targets=cfg.premean_min_targets,
-                            explain_max_nodes=cfg.explain_max_nodes, min_sequence_wait_s=live.min_sequence_wait_s,
-                            model_call_timeout_s=calls.model_call_timeout_s, warm_nodes=cfg.warm_nodes,
-                            max_batch_targets=max(cfg.max_batch_targets, cfg.runner_call_max_nodes),
-                            graph_log_kind=cfg.graph_log_kind)
-    keeper = GraphKeeper(graph, update_log, on_rows_changed=store.invalidate,
-                         poll_interval_s=live.graph_poll_interval_ms / 1000, max_ops=live.graph_max_ops,
-                         capacity=live.graph_capacity, observer=graph_observer(), read_batch=live.graph_log_read_batch,
-                         status_interval_s=live.graph_status_interval_s)
+    update_log = update_log_from(
+        cfg.graph_log_kind,
+        cfg.graph_log_path,
+        cfg.graph_log_url,
+        cfg.redis_ca_file,
+        live.graph_log_key,
+        segment_bytes=live.graph_log_segment_bytes,
+        lock_timeout_s=live.graph_log_lock_timeout_s,
+    )
+    limits = PipelineLimits(
+        premean=cfg.premean,
+        premean_min_targets=cfg.premean_min_targets,
+        explain_max_nodes=cfg.explain_max_nodes,
+        min_sequence_wait_s=live.min_sequence_wait_s,
+        model_call_timeout_s=calls.model_call_timeout_s,
+        warm_nodes=cfg.warm_nodes,
+        max_batch_targets=max(cfg.max_batch_targets, cfg.runner_call_max_nodes),
+        graph_log_kind=cfg.graph_log_kind,
+    )
+    keeper = GraphKeeper(
+        graph,
+        update_log,
+        on_rows_changed=store.invalidate,
+        poll_interval_s=live.graph_poll_interval_ms / 1000,
+        max_ops=live.graph_max_ops,
+        capacity=live.graph_capacity,
+        observer=graph_observer(),
+        read_batch=live.graph_log_read_batch,
+        status_interval_s=live.graph_status_interval_s,
+    )
     pipeline = FeaturePipeline(keeper, store, builder, model, update_log, limits, observer=PrometheusObserver())
-    log.info("FeatureRunner: %s (%d nodes, %d edges), L2 %s", snapshot.tag, snapshot.num_nodes, snapshot.num_edges,
-             cfg.redis_url or "off")
+    log.info(
+        "FeatureRunner: %s (%d nodes, %d edges), L2 %s",
+        snapshot.tag,
+        snapshot.num_nodes,
+        snapshot.num_edges,
+        cfg.redis_url or "off",
+    )
     return pipeline
 
 
@@ -86,6 +109,11 @@ class FeatureRunner:
         await self.core.close()
 
 
-expose(FeatureRunner, ENDPOINTS, _core, ServiceGuard,
-       {"tokens": lambda: ServiceTokens.from_settings(settings().security), "routes": media_types(ENDPOINTS)},
-       documents={"/docs.json": lambda: openapi_document(SERVICE, ENDPOINTS, ERRORS)})
+expose(
+    FeatureRunner,
+    ENDPOINTS,
+    _core,
+    ServiceGuard,
+    {"tokens": lambda: ServiceTokens.from_settings(settings().security), "routes": media_types(ENDPOINTS)},
+    documents={"/docs.json": lambda: openapi_document(SERVICE, ENDPOINTS, ERRORS)},
+)

@@ -31,10 +31,23 @@ ARRAYS = ("indptr", "indices", "features", "labels", "train", "val", "test")
 OPTIONAL_ARRAYS = ("present",)
 TASKS = ("multiclass", "multilabel")
 # Metadata recomputed from the arrays on every save; everything else in metadata is ``extra``.
-DERIVED_METADATA = frozenset({
-    "num_nodes", "num_edges", "feature_dim", "num_classes", "degree_mean", "degree_p50",
-    "degree_p99", "degree_max", "isolated_nodes", "split_sizes", "directed", "log_sequence", "removed_nodes",
-})
+DERIVED_METADATA = frozenset(
+    {
+        "num_nodes",
+        "num_edges",
+        "feature_dim",
+        "num_classes",
+        "degree_mean",
+        "degree_p50",
+        "degree_p99",
+        "degree_max",
+        "isolated_nodes",
+        "split_sizes",
+        "directed",
+        "log_sequence",
+        "removed_nodes",
+    }
+)
 
 
 @dataclasses.dataclass
@@ -142,8 +155,11 @@ def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
 def save_snapshot(snapshot: GraphSnapshot, labels: dict[str, str] | None = None) -> str:
     """Save to the BentoML model store as ``graph-snapshot:<auto version>``; returns the tag."""
     snapshot.validate()
-    with create_entry(SNAPSHOT_MODEL_NAME, {"task": snapshot.task, "source": snapshot.source[:60], **(labels or {})},
-                      snapshot.metadata()) as entry:
+    with create_entry(
+        SNAPSHOT_MODEL_NAME,
+        {"task": snapshot.task, "source": snapshot.source[:60], **(labels or {})},
+        snapshot.metadata(),
+    ) as entry:
         write_arrays(snapshot, entry.path)
     snapshot.tag = entry.tag
     return snapshot.tag

@@ -36,8 +36,9 @@ def compact(tree: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     return unique, index
 
 
-def premean(rows: np.ndarray, index: Sequence[np.ndarray],
-            seeds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+def premean(
+    rows: np.ndarray, index: Sequence[np.ndarray], seeds: np.ndarray
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
     """A compacted tree (L >= 2 hops) -> the premean layout: (the rows of levels 0..L-1, the index
     without its last level and with level L-1 pointing at distinct (node, seed) entries,
     ``last_rows`` int32, ``last_mean`` float32). ``seeds``: the seed of each target.
@@ -60,8 +61,9 @@ def premean(rows: np.ndarray, index: Sequence[np.ndarray],
     return rows[:kept], inner, last_rows, means
 
 
-def _entries(inner: Sequence[np.ndarray],
-             seeds: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _entries(
+    inner: Sequence[np.ndarray], seeds: np.ndarray | int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The distinct (node, seed) entries of the last level of a compacted tree ``inner`` (levels
     0..L-1): (that level as entry numbers, -1 at padding; each entry's first real slot; each real
     slot's row; each real slot's seed), entries numbered in order of first appearance."""
@@ -104,8 +106,15 @@ class PremeanTree:
     kept: int
 
     @classmethod
-    def sample(cls, indptr: np.ndarray, indices: np.ndarray, targets: np.ndarray, fanouts: Sequence[int],
-               seeds: np.ndarray, overlay: Any = None) -> "PremeanTree":
+    def sample(
+        cls,
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        targets: np.ndarray,
+        fanouts: Sequence[int],
+        seeds: np.ndarray,
+        overlay: Any = None,
+    ) -> PremeanTree:
         from runners.feature.kernels import distinct_positions
         from runners.feature.sampling import sample_neighbours, sample_tree
 
@@ -115,10 +124,17 @@ class PremeanTree:
         inner_ids, inner = compact(tree)
         entries, first, slot_rows, slot_seeds = _entries(inner, seeds)
         # Each entry's sample as sample_tree would draw it at its first slot (same node, seed, hop).
-        last = sample_neighbours(indptr, indices, inner_ids[slot_rows[first]], int(fanouts[-1]), slot_seeds[first],
-                                 hop=len(fanouts) - 1, overlay=overlay)
+        last = sample_neighbours(
+            indptr,
+            indices,
+            inner_ids[slot_rows[first]],
+            int(fanouts[-1]),
+            slot_seeds[first],
+            hop=len(fanouts) - 1,
+            overlay=overlay,
+        )
         unique, positions = distinct_positions(np.concatenate([inner_ids, last.reshape(-1)]))
-        last_index = positions[inner_ids.size:].reshape(last.shape)
+        last_index = positions[inner_ids.size :].reshape(last.shape)
         inner[-1] = entries
         return cls(unique, inner, slot_rows[first].astype(np.int32), last_index, int(inner_ids.size))
 

@@ -53,8 +53,9 @@ class Backend(Protocol):
     precision: str  # "fp32" or "int8": what this backend serves
     supports_premean: bool  # takes the premean input (common.feature_tensor.PREMEAN)
 
-    def run(self, features: np.ndarray, index: list[np.ndarray],
-            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs: ...
+    def run(
+        self, features: np.ndarray, index: list[np.ndarray], premean: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> Outputs: ...
 
 
 def _require(module: str, kind: str, hint: str) -> Any:
@@ -63,8 +64,9 @@ def _require(module: str, kind: str, hint: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise BackendUnavailable(f"the {kind} backend needs the {module!r} package, which is not installed here "
-                                 f"({exc}): {hint}") from exc
+        raise BackendUnavailable(
+            f"the {kind} backend needs the {module!r} package, which is not installed here ({exc}): {hint}"
+        ) from exc
 
 
 def _premean_signature(names: list[str]) -> bool:
@@ -75,8 +77,9 @@ def _premean_signature(names: list[str]) -> bool:
 class OnnxBackend:
     runtime = "onnx"
 
-    def __init__(self, artifacts: ModelArtifacts, threads: int = 1, device: str = "cpu",
-                 precision: str = "fp32") -> None:
+    def __init__(
+        self, artifacts: ModelArtifacts, threads: int = 1, device: str = "cpu", precision: str = "fp32"
+    ) -> None:
         ort = _require("onnxruntime", "onnx", "pip install onnxruntime")
 
         opts = ort.SessionOptions()
@@ -99,15 +102,17 @@ class OnnxBackend:
         for layout, path in artifacts.onnx_graphs(precision).items():
             self._sessions[layout, np.float32] = ort.InferenceSession(path, sess_options=opts, providers=providers)
             self._sessions[layout, np.float16] = ort.InferenceSession(
-                _with_float16_inputs(path), sess_options=opts, providers=providers)
+                _with_float16_inputs(path), sess_options=opts, providers=providers
+            )
         premean = self._sessions.get(("premean", np.float32))
         self.supports_premean = premean is not None and _premean_signature([i.name for i in premean.get_inputs()])
         self.session = self._sessions["levels", np.float32]
         self.precision = precision
         self.name = "onnx-" + ("cuda" if providers[0].startswith("CUDA") else "cpu")
 
-    def run(self, features: np.ndarray, index: list[np.ndarray],
-            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs:
+    def run(
+        self, features: np.ndarray, index: list[np.ndarray], premean: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> Outputs:
         """``premean``: (last_rows, last_mean) of the premean layout."""
         half = features.dtype == np.float16
         session = self._sessions["levels" if premean is None else "premean", np.float16 if half else np.float32]
@@ -142,8 +147,12 @@ def _with_float16_inputs(onnx_path: str) -> bytes:
 # precision explicitly: on a CPU with bf16 (AVX512-BF16, AMX) its default is bf16, which moves
 # logits far past the parity tolerance (the load probe, ``check_probe``, would refuse it). No core pinning: the model runner shares its cores with
 # the gateway and the FeatureRunner (ONNX Runtime does not pin either).
-OPENVINO_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
-                   "ENABLE_CPU_PINNING": False}
+OPENVINO_CONFIG = {
+    "PERFORMANCE_HINT": "LATENCY",
+    "NUM_STREAMS": 1,
+    "INFERENCE_PRECISION_HINT": "f32",
+    "ENABLE_CPU_PINNING": False,
+}
 
 
 class OpenVinoBackend:
@@ -152,8 +161,11 @@ class OpenVinoBackend:
     runtime = "openvino"
 
     def __init__(self, artifacts: ModelArtifacts, threads: int = 1, precision: str = "fp32") -> None:
-        ov = _require("openvino", "openvino",
-                      "pip install 'graphsage-serving[openvino]' (or pip install openvino), or use GSAGE_BACKEND=onnx")
+        ov = _require(
+            "openvino",
+            "openvino",
+            "pip install 'graphsage-serving[openvino]' (or pip install openvino), or use GSAGE_BACKEND=onnx",
+        )
         core = ov.Core()
         config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads}
         self._requests: dict[tuple[str, bool], Any] = {}
@@ -177,8 +189,9 @@ class OpenVinoBackend:
         self.precision = precision
         self.name = "openvino-cpu"
 
-    def run(self, features: np.ndarray, index: list[np.ndarray],
-            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs:
+    def run(
+        self, features: np.ndarray, index: list[np.ndarray], premean: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> Outputs:
         half = features.dtype == np.float16
         inputs = [features, *index, *(premean or ())]
         if not half:
@@ -197,8 +210,12 @@ class TorchBackend:
     runtime = "torch"
 
     def __init__(self, artifacts: ModelArtifacts, threads: int = 1) -> None:
-        torch = _require("torch", "torch", "the serving image does not ship torch (it is the reference backend "
-                                           "for development: pip install torch); serve with GSAGE_BACKEND=onnx")
+        torch = _require(
+            "torch",
+            "torch",
+            "the serving image does not ship torch (it is the reference backend "
+            "for development: pip install torch); serve with GSAGE_BACKEND=onnx",
+        )
 
         from runners.graphsage.dense_model import DenseGraphSAGE, supports_premean
 
@@ -211,13 +228,17 @@ class TorchBackend:
         self.precision = "fp32"
         self.name = "torch-cpu"
 
-    def run(self, features: np.ndarray, index: list[np.ndarray],
-            premean: tuple[np.ndarray, np.ndarray] | None = None) -> Outputs:
+    def run(
+        self, features: np.ndarray, index: list[np.ndarray], premean: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> Outputs:
         torch = self._torch
         as_tensor = lambda a: torch.from_numpy(a.astype(np.float32, copy=False))  # noqa: E731
         with torch.inference_mode():
-            out = self.model.run(as_tensor(features), [torch.from_numpy(i) for i in index],
-                                 None if premean is None else (torch.from_numpy(premean[0]), as_tensor(premean[1])))
+            out = self.model.run(
+                as_tensor(features),
+                [torch.from_numpy(i) for i in index],
+                None if premean is None else (torch.from_numpy(premean[0]), as_tensor(premean[1])),
+            )
         return tuple(t.numpy() for t in out)  # type: ignore[return-value]
 
 
@@ -242,8 +263,9 @@ def int8_refusal(artifacts: ModelArtifacts, kind: str) -> str | None:
         return f"the {kind} backend serves FP32 only (INT8: {', '.join(INT8_RUNTIMES)})"
     int8 = artifacts.metadata.get("int8") or {}
     if not int8.get("stored"):
-        return ("its export stored no INT8 graph" + (f" ({int8['refused']})" if int8.get("refused") else
-                                                     " (export with --int8)"))
+        return "its export stored no INT8 graph" + (
+            f" ({int8['refused']})" if int8.get("refused") else " (export with --int8)"
+        )
     guard = artifacts.int8_guard(runtime)
     if guard is None:
         return f"its INT8 graph was not measured on {runtime} at export (re-export with {runtime} installed)"
@@ -252,8 +274,9 @@ def int8_refusal(artifacts: ModelArtifacts, kind: str) -> str | None:
     return None
 
 
-def load_backend(artifacts: ModelArtifacts, kind: str = "onnx", threads: int = 1, precision: str = "fp32",
-                 check: bool = True) -> Backend:
+def load_backend(
+    artifacts: ModelArtifacts, kind: str = "onnx", threads: int = 1, precision: str = "fp32", check: bool = True
+) -> Backend:
     """The backend ``kind`` for a version at ``precision`` (INT8 where the version allows it on
     this runtime, else FP32: see the module), checked on the version's probe unless ``check`` is
     False. Raises ``BackendUnavailable`` when the backend's package is missing, ``LoadCheckError``
@@ -291,8 +314,14 @@ def check_probe(backend: Backend, artifacts: ModelArtifacts) -> dict[str, Any]:
     levels = artifacts.config.num_layers + 1
     cases = [("levels", probe["features"], [probe[f"idx{d}"] for d in range(levels)], None)]
     if backend.supports_premean and "pm_features" in probe:
-        cases.append(("premean", probe["pm_features"], [probe[f"pm_idx{d}"] for d in range(levels - 1)],
-                      (probe["pm_last_rows"], probe["pm_last_mean"])))
+        cases.append(
+            (
+                "premean",
+                probe["pm_features"],
+                [probe[f"pm_idx{d}"] for d in range(levels - 1)],
+                (probe["pm_last_rows"], probe["pm_last_mean"]),
+            )
+        )
     runtime = getattr(backend, "runtime", backend.name)
     figures: dict[str, Any] = {"checked": True, "precision": backend.precision}
     for layout, features, index, premean in cases:
@@ -303,9 +332,11 @@ def check_probe(backend: Backend, artifacts: ModelArtifacts) -> dict[str, Any]:
             same = bool((logits.argmax(1) == ref.argmax(1)).all())
             figures[f"{layout}_max_abs_diff_vs_pyg"] = diff
             if not (diff <= PARITY_TOLERANCE and same):
-                raise LoadCheckError(f"{artifacts.tag} on {backend.name}: the {layout} graph does not reproduce PyG on "
-                                     f"the stored probe (max |logit diff| {diff:.2e} > {PARITY_TOLERANCE:g} or labels "
-                                     f"differ: {not same})")
+                raise LoadCheckError(
+                    f"{artifacts.tag} on {backend.name}: the {layout} graph does not reproduce PyG on "
+                    f"the stored probe (max |logit diff| {diff:.2e} > {PARITY_TOLERANCE:g} or labels "
+                    f"differ: {not same})"
+                )
         else:
             key = f"int8_probs_{'premean_' if layout == 'premean' else ''}{runtime}"
             if key not in probe:
@@ -313,7 +344,9 @@ def check_probe(backend: Backend, artifacts: ModelArtifacts) -> dict[str, Any]:
             diff = float(np.abs(probs - probe[key]).max()) if probs.size else 0.0
             figures[f"{layout}_max_prob_diff_vs_export"] = diff
             if diff > INT8_LOAD_TOLERANCE:
-                raise LoadCheckError(f"{artifacts.tag} on {backend.name}: the INT8 {layout} graph gives probabilities "
-                                     f"{diff:.2e} from the exporter's (> {INT8_LOAD_TOLERANCE:g}; another CPU's integer "
-                                     f"kernels?)")
+                raise LoadCheckError(
+                    f"{artifacts.tag} on {backend.name}: the INT8 {layout} graph gives probabilities "
+                    f"{diff:.2e} from the exporter's (> {INT8_LOAD_TOLERANCE:g}; another CPU's integer "
+                    f"kernels?)"
+                )
     return figures

@@ -52,8 +52,13 @@ class _Quiet:
 
 
 class ModelRunnerCore:
-    def __init__(self, registry: ModelRegistry, admin_state: AdminState, cfg: ModelRunnerSection,
-                 observer: ModelRunnerObserver | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        admin_state: AdminState,
+        cfg: ModelRunnerSection,
+        observer: ModelRunnerObserver | None = None,
+    ) -> None:
         self.registry = registry
         self.admin_state = admin_state
         self._observer = observer or _Quiet()
@@ -63,8 +68,12 @@ class ModelRunnerCore:
         self._sync_interval_s = cfg.model_sync_interval_s
         self._sync_task: asyncio.Task[None] | None = None
         self.batcher: AdaptiveBatcher[InferenceItem, dict[str, Any]] = AdaptiveBatcher(
-            self._forward, max_batch_size=cfg.max_batch_targets, max_delay_s=cfg.max_batch_delay_ms / 1000,
-            size_of=lambda item: item.tensor.num_targets, on_batch=self._observer.batch)
+            self._forward,
+            max_batch_size=cfg.max_batch_targets,
+            max_delay_s=cfg.max_batch_delay_ms / 1000,
+            size_of=lambda item: item.tensor.num_targets,
+            on_batch=self._observer.batch,
+        )
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -82,7 +91,7 @@ class ModelRunnerCore:
             await asyncio.sleep(self._sync_interval_s)
             try:
                 await self.sync_admin_state()
-            except Exception:  # noqa: BLE001 - a bad version must not stop the loop; logged
+            except Exception:
                 log.exception("applying the admin state failed")
 
     async def sync_admin_state(self) -> None:
@@ -117,13 +126,17 @@ class ModelRunnerCore:
     async def unload(self, request: LoadRequest) -> Unloaded:
         resolved = self.registry.get_loaded(request.tag)
         unloaded = self.registry.unload(request.tag)
-        await asyncio.to_thread(self.admin_state.record, resolved.artifacts.tag if resolved else request.tag,
-                                "unloaded")
+        await asyncio.to_thread(
+            self.admin_state.record, resolved.artifacts.tag if resolved else request.tag, "unloaded"
+        )
         return Unloaded(tag=request.tag, unloaded=unloaded)
 
     async def models(self) -> ModelsReport:
-        return ModelsReport(loaded=[ModelInfo(**d) for d in self.registry.loaded()], batches=vars(self.batcher.stats),
-                            worker_pid=os.getpid())
+        return ModelsReport(
+            loaded=[ModelInfo(**d) for d in self.registry.loaded()],
+            batches=vars(self.batcher.stats),
+            worker_pid=os.getpid(),
+        )
 
     # -- work --------------------------------------------------------------------------------------
 

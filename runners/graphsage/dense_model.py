@@ -98,17 +98,16 @@ class DenseGraphSAGE(nn.Module):
         super().__init__()
         self.cfg = cfg
         dims = [cfg.in_dim] + [cfg.hidden_dim] * (cfg.num_layers - 1) + [cfg.num_classes]
-        self.convs = nn.ModuleList(
-            DenseSAGELayer(dims[i], dims[i + 1], cfg.aggregator) for i in range(cfg.num_layers)
-        )
+        self.convs = nn.ModuleList(DenseSAGELayer(dims[i], dims[i + 1], cfg.aggregator) for i in range(cfg.num_layers))
 
     def forward(self, features: Tensor, *index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if len(index) != self.cfg.num_layers + 1:
             raise ValueError(f"expected {self.cfg.num_layers + 1} index tensors, got {len(index)}")
         return self.run(features, index, None)
 
-    def run(self, features: Tensor, index: tuple[Tensor, ...] | list[Tensor],
-            premean: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    def run(
+        self, features: Tensor, index: tuple[Tensor, ...] | list[Tensor], premean: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """``premean``: (last_rows, last_mean); ``index`` then stops at ``idx{L-1}``, whose
         entries point at last_rows (the premean input)."""
         levels = [idx.long() for idx in index]

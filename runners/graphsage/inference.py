@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from runners.graphsage.backends import Backend, load_backend
 from common.bento.store import StoreEntryNotFound
 from common.errors import KindOfError
-from common.model_runner_api import UnknownVersion
 from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
+from common.model_runner_api import UnknownVersion
+from runners.graphsage.backends import Backend, load_backend
 from runners.graphsage.model_artifacts import ModelArtifacts, load_artifacts
 
 
@@ -42,11 +42,20 @@ class LoadedModel:
 
     def describe(self) -> dict[str, Any]:
         cfg = self.artifacts.config
-        return {"tag": self.artifacts.tag, "backend": self.backend.name, "precision": self.backend.precision,
-                "load_check": getattr(self.backend, "load_check", None), "aggregator": cfg.aggregator,
-                "fanout": list(cfg.fanout), "feature_dim": cfg.in_dim, "num_classes": cfg.num_classes,
-                "task": cfg.task, "graph_snapshot": self.artifacts.metadata.get("graph_snapshot"),
-                "input_layouts": self.input_layouts, "loaded_at": self.loaded_at}
+        return {
+            "tag": self.artifacts.tag,
+            "backend": self.backend.name,
+            "precision": self.backend.precision,
+            "load_check": getattr(self.backend, "load_check", None),
+            "aggregator": cfg.aggregator,
+            "fanout": list(cfg.fanout),
+            "feature_dim": cfg.in_dim,
+            "num_classes": cfg.num_classes,
+            "task": cfg.task,
+            "graph_snapshot": self.artifacts.metadata.get("graph_snapshot"),
+            "input_layouts": self.input_layouts,
+            "loaded_at": self.loaded_at,
+        }
 
 
 @dataclasses.dataclass
@@ -85,8 +94,10 @@ class ModelRegistry:
                 raise UnknownVersion(f"model {tag!r} is not in the model store") from exc
             layout = artifacts.metadata.get("input_layout")
             if layout != LAYOUT:
-                raise UnknownVersion(f"model {artifacts.tag} was exported for input layout {layout!r}, this runner "
-                                     f"serves {LAYOUT!r}: re-export it (python -m training_export train)")
+                raise UnknownVersion(
+                    f"model {artifacts.tag} was exported for input layout {layout!r}, this runner "
+                    f"serves {LAYOUT!r}: re-export it (python -m training_export train)"
+                )
             loaded = self._register(artifacts)
             if tag != artifacts.tag:
                 self._aliases[tag] = artifacts.tag
@@ -120,14 +131,20 @@ class ModelRegistry:
 def check_compatible(model: LoadedModel, ft: FeatureTensor) -> None:
     cfg = model.artifacts.config
     if ft.layout not in model.input_layouts:
-        raise IncompatibleInput(f"{model.artifacts.tag} takes {model.input_layouts}, not a {ft.layout} tensor "
-                                f"(the premean input needs a mean-aggregator model exported with it)")
+        raise IncompatibleInput(
+            f"{model.artifacts.tag} takes {model.input_layouts}, not a {ft.layout} tensor "
+            f"(the premean input needs a mean-aggregator model exported with it)"
+        )
     if ft.feature_dim != cfg.in_dim:
         raise IncompatibleInput(f"{model.artifacts.tag} expects {cfg.in_dim}-dim features, got {ft.feature_dim}")
     if len(ft.fanout) != len(cfg.fanout):
-        raise IncompatibleInput(f"{model.artifacts.tag} has {len(cfg.fanout)} hops, the request sampled {len(ft.fanout)}")
+        raise IncompatibleInput(
+            f"{model.artifacts.tag} has {len(cfg.fanout)} hops, the request sampled {len(ft.fanout)}"
+        )
     if any(k > m for k, m in zip(ft.fanout, cfg.fanout)):
-        raise IncompatibleInput(f"{model.artifacts.tag} has fanout {list(cfg.fanout)}, the request sampled {list(ft.fanout)}")
+        raise IncompatibleInput(
+            f"{model.artifacts.tag} has fanout {list(cfg.fanout)}, the request sampled {list(ft.fanout)}"
+        )
 
 
 @dataclasses.dataclass
@@ -195,8 +212,14 @@ def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[
         logits, probs, embedding = model.backend.run(batch.features, batch.index, batch.premean)
         for n, i in enumerate(positions):
             lo, hi = batch.bounds[n], batch.bounds[n + 1]
-            results[i] = {"model": model.artifacts.tag, "backend": model.backend.name,
-                          "precision": model.backend.precision, "task": model.artifacts.config.task,
-                          "layout": items[i].tensor.layout, "logits": logits[lo:hi], "probs": probs[lo:hi],
-                          **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {})}
+            results[i] = {
+                "model": model.artifacts.tag,
+                "backend": model.backend.name,
+                "precision": model.backend.precision,
+                "task": model.artifacts.config.task,
+                "layout": items[i].tensor.layout,
+                "logits": logits[lo:hi],
+                "probs": probs[lo:hi],
+                **({"embedding": embedding[lo:hi]} if items[i].want_embedding else {}),
+            }
     return results

@@ -20,14 +20,20 @@ def model_metrics() -> SimpleNamespace:
 
     m = bentoml.metrics
     return SimpleNamespace(
-        batch_targets=m.Histogram(name="graphsage_batch_targets", documentation="Targets per forward pass",
-                                  buckets=SIZE_BUCKETS),
-        queue=m.Histogram(name="graphsage_queue_seconds", documentation="Time a request waited for its batch",
-                          buckets=LATENCY_BUCKETS),
-        compute=m.Histogram(name="graphsage_compute_seconds", documentation="Forward-pass time per batch",
-                            buckets=LATENCY_BUCKETS),
-        requests=m.Counter(name="graphsage_requests_total", documentation="Requests per model version and backend",
-                           labelnames=["model", "backend"]),
+        batch_targets=m.Histogram(
+            name="graphsage_batch_targets", documentation="Targets per forward pass", buckets=SIZE_BUCKETS
+        ),
+        queue=m.Histogram(
+            name="graphsage_queue_seconds", documentation="Time a request waited for its batch", buckets=LATENCY_BUCKETS
+        ),
+        compute=m.Histogram(
+            name="graphsage_compute_seconds", documentation="Forward-pass time per batch", buckets=LATENCY_BUCKETS
+        ),
+        requests=m.Counter(
+            name="graphsage_requests_total",
+            documentation="Requests per model version and backend",
+            labelnames=["model", "backend"],
+        ),
         batches=m.Counter(name="graphsage_batches_total", documentation="Forward passes"),
     )
 

@@ -50,6 +50,11 @@ class GraphSAGERunner:
         await self.core.close()
 
 
-expose(GraphSAGERunner, ENDPOINTS, _core, ServiceGuard,
-       {"tokens": lambda: ServiceTokens.from_settings(settings().security), "routes": media_types(ENDPOINTS)},
-       documents={"/docs.json": lambda: openapi_document(SERVICE, ENDPOINTS, ERRORS)})
+expose(
+    GraphSAGERunner,
+    ENDPOINTS,
+    _core,
+    ServiceGuard,
+    {"tokens": lambda: ServiceTokens.from_settings(settings().security), "routes": media_types(ENDPOINTS)},
+    documents={"/docs.json": lambda: openapi_document(SERVICE, ENDPOINTS, ERRORS)},
+)

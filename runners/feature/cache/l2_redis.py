@@ -113,9 +113,7 @@ return n
 
 def row_key_prefix(snapshot_version: str) -> bytes:
     if not snapshot_version or any(c in snapshot_version for c in "{} \t\r\n"):
-        raise ValueError(
-            f"snapshot_version must be non-empty, without braces or whitespace: {snapshot_version!r}"
-        )
+        raise ValueError(f"snapshot_version must be non-empty, without braces or whitespace: {snapshot_version!r}")
     return f"{KEY_PREFIX}:{snapshot_version}:".encode()
 
 
@@ -162,8 +160,14 @@ class RedisFeatureLevel:
         self.max_inflight_writes = max_inflight_writes
         self._clock = clock
         # One failure opens it; each failed probe doubles the wait, up to max_backoff_s.
-        self.breaker = CircuitBreaker("redis-l2", failures=1, reset_s=retry_backoff_s, max_reset_s=self.max_backoff_s,
-                                      probe_timeout_s=max(retry_backoff_s, self.write_timeout_s), clock=clock)
+        self.breaker = CircuitBreaker(
+            "redis-l2",
+            failures=1,
+            reset_s=retry_backoff_s,
+            max_reset_s=self.max_backoff_s,
+            probe_timeout_s=max(retry_backoff_s, self.write_timeout_s),
+            clock=clock,
+        )
         self._writes: set[asyncio.Task[None]] = set()
         self.write_delay_s = write_delay_s
         self.write_batch_rows = write_batch_rows
@@ -200,11 +204,15 @@ class RedisFeatureLevel:
         """Build the client lazily connected: a Redis that is down at start-up is just a miss."""
         write_timeout = kwargs.get("write_timeout_s") or max(4 * timeout_s, 0.25)
         # socket_timeout is a backstop; the asyncio deadlines fire first.
-        client = make_client(url, timeout_s=timeout_s, socket_timeout_s=write_timeout, ca_file=ca_file,
-                             cluster=cluster)
+        client = make_client(url, timeout_s=timeout_s, socket_timeout_s=write_timeout, ca_file=ca_file, cluster=cluster)
         return cls(
-            client, snapshot_version, dim, ttl_s=ttl_s, timeout_s=timeout_s,
-            retry_backoff_s=retry_backoff_s, **kwargs,
+            client,
+            snapshot_version,
+            dim,
+            ttl_s=ttl_s,
+            timeout_s=timeout_s,
+            retry_backoff_s=retry_backoff_s,
+            **kwargs,
         )
 
     # -- reads ---------------------------------------------------------------------------------
@@ -225,7 +233,7 @@ class RedisFeatureLevel:
         except asyncio.CancelledError:
             self.breaker.release_probe()  # a cancelled probe must not wedge the circuit half-open
             raise
-        except Exception as exc:  # noqa: BLE001 - any backend fault degrades to a miss
+        except Exception as exc:
             self._on_failure(exc, "get")
             self.misses += n
             return all_missed(n, self.dim)
@@ -256,10 +264,12 @@ class RedisFeatureLevel:
         await self._client.initialize()  # no-op once the slot map is known
         if self._scripts_enabled():
             groups = self._by_master(keys)
-            replies = await self._run_scripts([
-                self._client.execute_command("EVAL", GET_SCRIPT, 0, *[keys[p] for p in pos], target_nodes=node)
-                for node, pos in groups
-            ])
+            replies = await self._run_scripts(
+                [
+                    self._client.execute_command("EVAL", GET_SCRIPT, 0, *[keys[p] for p in pos], target_nodes=node)
+                    for node, pos in groups
+                ]
+            )
             if replies is not None:
                 values: list[bytes | None] = [None] * len(keys)
                 for (_, pos), reply in zip(groups, replies):
@@ -341,11 +351,13 @@ class RedisFeatureLevel:
         rb = self.row_bytes
         try:
             async with asyncio.timeout(self.write_timeout_s):
-                await self._write(self._keys(self._names(ids, versions)), [view[o : o + rb] for o in range(0, n * rb, rb)])
+                await self._write(
+                    self._keys(self._names(ids, versions)), [view[o : o + rb] for o in range(0, n * rb, rb)]
+                )
         except asyncio.CancelledError:
             self.breaker.release_probe()
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._on_failure(exc, "put")
             self.writes_dropped += n
             return
@@ -361,8 +373,14 @@ class RedisFeatureLevel:
                 groups = self._by_master(keys)
                 calls = [
                     self._client.execute_command(
-                        "EVAL", SET_SCRIPT, 0, ttl,
-                        *[keys[p] for p in pos], *[values[p] for p in pos], target_nodes=node)
+                        "EVAL",
+                        SET_SCRIPT,
+                        0,
+                        ttl,
+                        *[keys[p] for p in pos],
+                        *[values[p] for p in pos],
+                        target_nodes=node,
+                    )
                     for node, pos in groups
                 ]
             else:
@@ -435,7 +453,7 @@ class RedisFeatureLevel:
             # Forget the slot map and connections: the probe re-discovers the topology.
             try:
                 await self._client.aclose()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         return True
 
@@ -445,8 +463,14 @@ class RedisFeatureLevel:
         self.breaker.record_failure()
         if self.breaker.opened_total != opened:  # this failure opened it (late ones are ignored)
             level = logging.WARNING if self.breaker.reset_s == self.breaker.base_reset_s else logging.DEBUG
-            log.log(level, "L2 %s failed (%s: %s); bypassing Redis for %.2fs",
-                    op, type(exc).__name__, exc, self.breaker.reset_s)
+            log.log(
+                level,
+                "L2 %s failed (%s: %s); bypassing Redis for %.2fs",
+                op,
+                type(exc).__name__,
+                exc,
+                self.breaker.reset_s,
+            )
 
     def _on_success(self) -> None:
         if self.breaker.state is not BreakerState.CLOSED:
@@ -507,5 +531,5 @@ class RedisFeatureLevel:
             self._reads.close()
         try:
             await self._client.aclose()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass

@@ -18,8 +18,9 @@ from .base import ROW_DTYPE, as_ids
 class OriginLevel:
     name = "origin"
 
-    def __init__(self, features: np.ndarray, rows: Callable[[np.ndarray], np.ndarray] | None = None,
-                 num_nodes: int | None = None) -> None:
+    def __init__(
+        self, features: np.ndarray, rows: Callable[[np.ndarray], np.ndarray] | None = None, num_nodes: int | None = None
+    ) -> None:
         """``rows``/``num_nodes``: a live graph's row source and id range (default: ``features``')."""
         if features.ndim != 2:
             raise ValueError(f"features must be [N, F], got shape {features.shape}")

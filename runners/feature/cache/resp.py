@@ -71,8 +71,9 @@ class _Protocol(asyncio.Protocol):
 class RespConnection:
     """``await execute(packed)`` -> the reply. Connects on first use and after any failure."""
 
-    def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
-                 db: int = 0) -> None:
+    def __init__(
+        self, host: str, port: int, *, username: str | None = None, password: str | None = None, db: int = 0
+    ) -> None:
         self.host, self.port = host, port
         self._hello = [pack_command(b"AUTH", *[s.encode() for s in (username, password) if s])] if password else []
         if db:
@@ -91,8 +92,13 @@ class RespConnection:
         if pool is None or pool.connection_class is not Connection:
             return None
         kw = pool.connection_kwargs
-        return cls(kw.get("host", "localhost"), int(kw.get("port", 6379)), username=kw.get("username"),
-                   password=kw.get("password"), db=int(kw.get("db") or 0))
+        return cls(
+            kw.get("host", "localhost"),
+            int(kw.get("port", 6379)),
+            username=kw.get("username"),
+            password=kw.get("password"),
+            db=int(kw.get("db") or 0),
+        )
 
     async def execute(self, packed: bytes) -> Any:
         loop = asyncio.get_running_loop()

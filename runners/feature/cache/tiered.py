@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from common.settings import FeatureCacheSection, RedisSection
+
 from .base import ROW_DTYPE, as_ids
 from .l1 import L1Cache
 from .l2_redis import RedisFeatureLevel
@@ -224,14 +225,17 @@ class TieredFeatureStore:
             await self.l2.close()
 
 
-def build_feature_store(cache: FeatureCacheSection, redis: RedisSection, features: np.ndarray, snapshot_version: str,
-                        graph: Any = None) -> TieredFeatureStore:
+def build_feature_store(
+    cache: FeatureCacheSection, redis: RedisSection, features: np.ndarray, snapshot_version: str, graph: Any = None
+) -> TieredFeatureStore:
     """L1 + origin always; L2 only when ``redis.redis_url`` is set. ``graph``: a live graph
     (``runners.feature.graph.LiveGraph``), whose rows and ids the levels then serve."""
-    origin = (OriginLevel(features) if graph is None
-              else OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity))
-    l1 = L1Cache(cache.l1_bytes, cache.l1_ttl_s, origin.dim, num_ids=origin.num_nodes,
-                 admit_min_uses=cache.l1_admit_min_uses)
+    origin = (
+        OriginLevel(features) if graph is None else OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity)
+    )
+    l1 = L1Cache(
+        cache.l1_bytes, cache.l1_ttl_s, origin.dim, num_ids=origin.num_nodes, admit_min_uses=cache.l1_admit_min_uses
+    )
     l2 = None
     if redis.redis_url:
         l2 = RedisFeatureLevel.from_url(

@@ -8,17 +8,43 @@ guarantee.
 
 from __future__ import annotations
 
-from runners.feature.update_log.base import (LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, UpdateLog,
-                                             wall_clock)
+from runners.feature.update_log.base import (
+    LogEntry,
+    LogTrimmed,
+    LogUnavailable,
+    SequenceConflict,
+    UpdateLog,
+    wall_clock,
+)
 from runners.feature.update_log.file_log import SEGMENT_BYTES, FileUpdateLog
 from runners.feature.update_log.redis_log import DURABILITY_SETTINGS, RedisUpdateLog, durability_problems
 
-__all__ = ["DURABILITY_SETTINGS", "SEGMENT_BYTES", "FileUpdateLog", "LogEntry", "LogTrimmed", "LogUnavailable", "RedisUpdateLog",
-           "SequenceConflict", "UpdateLog", "durability_problems", "update_log_from", "wall_clock"]
+__all__ = [
+    "DURABILITY_SETTINGS",
+    "SEGMENT_BYTES",
+    "FileUpdateLog",
+    "LogEntry",
+    "LogTrimmed",
+    "LogUnavailable",
+    "RedisUpdateLog",
+    "SequenceConflict",
+    "UpdateLog",
+    "durability_problems",
+    "update_log_from",
+    "wall_clock",
+]
 
 
-def update_log_from(kind: str, directory: str, redis_url: str, ca_file: str = "", key: str = "gsage-updates", *,
-                    segment_bytes: int = SEGMENT_BYTES, lock_timeout_s: float = 30.0) -> UpdateLog:
+def update_log_from(
+    kind: str,
+    directory: str,
+    redis_url: str,
+    ca_file: str = "",
+    key: str = "gsage-updates",
+    *,
+    segment_bytes: int = SEGMENT_BYTES,
+    lock_timeout_s: float = 30.0,
+) -> UpdateLog:
     """``kind`` "file": a FileUpdateLog in ``directory``; "redis": a RedisUpdateLog at ``redis_url``."""
     if kind == "file":
         return FileUpdateLog(directory, lock_timeout_s=lock_timeout_s, segment_bytes=segment_bytes)

@@ -118,5 +118,6 @@ def check_worker(worker: str) -> None:
 
 def fresh_statuses(docs: dict[str, dict], max_age_s: float) -> dict[str, dict]:
     oldest = wall_clock() - max_age_s
-    return {w: d for w, d in docs.items()
-            if isinstance(d.get("updated_at"), (int, float)) and d["updated_at"] >= oldest}
+    return {
+        w: d for w, d in docs.items() if isinstance(d.get("updated_at"), (int, float)) and d["updated_at"] >= oldest
+    }

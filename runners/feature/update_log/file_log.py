@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import os
 import re
 import struct
@@ -43,8 +44,19 @@ import orjson
 
 from common.files import atomic_write_json
 from runners.feature.update_log import base
-from runners.feature.update_log.base import (WORKER_RE, LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, check_after,
-                                             check_worker, encode_ops, entry_of, fresh_statuses, payload_of)
+from runners.feature.update_log.base import (
+    WORKER_RE,
+    LogEntry,
+    LogTrimmed,
+    LogUnavailable,
+    SequenceConflict,
+    check_after,
+    check_worker,
+    encode_ops,
+    entry_of,
+    fresh_statuses,
+    payload_of,
+)
 
 SEGMENT_BYTES = 64 << 20  # the default: a segment rolls once the next record would take it past this
 POLL_S = 0.01  # FileUpdateLog.wait: how often the last segment's size is looked at
@@ -73,8 +85,9 @@ class _Cursor:
     next_seq: int
 
 
-def _records(f: Any, offset: int, expected: int, size: int,
-             limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
+def _records(
+    f: Any, offset: int, expected: int, size: int, limit: int | None = None
+) -> Iterator[tuple[int, bytes, int]]:
     """Yield ``(sequence, payload, end offset)`` of the complete records from ``offset`` on;
     stop quietly at the first incomplete or bad one (a torn tail, or the writer mid-record)."""
     f.seek(offset)
@@ -130,8 +143,8 @@ class FileUpdateLog:
         with open(self._path(first), "rb") as f:
             st = os.fstat(f.fileno())
             end = offset
-            for head, _, end in _records(f, offset, head + 1, st.st_size):
-                pass
+            for sequence, _, stop in _records(f, offset, head + 1, st.st_size):
+                head, end = sequence, stop
         return _Tail(first, st.st_ino, end, head)
 
     def _sync_tail(self) -> _Tail:
@@ -153,8 +166,7 @@ class FileUpdateLog:
                         t = None  # rolled, or trimmed to an empty successor
                     if t is None:
                         segments = self._segments()
-                        t = (self._scan_tail(segments[-1], 0, segments[-1] - 1) if segments
-                             else _Tail(0, 0, 0, 0))
+                        t = self._scan_tail(segments[-1], 0, segments[-1] - 1) if segments else _Tail(0, 0, 0, 0)
                     self._tail = t
                     return t
                 except FileNotFoundError:
@@ -272,7 +284,7 @@ class FileUpdateLog:
             upto = min(upto, t.head)
             segments = self._segments()
             removed = 0
-            for first, successor in zip(segments, segments[1:]):
+            for first, successor in itertools.pairwise(segments):
                 if successor - 1 <= upto:
                     os.unlink(self._path(first))
                     removed += successor - first
@@ -334,8 +346,9 @@ class FileUpdateLog:
                         break
                     except BlockingIOError:
                         if time.monotonic() > deadline:
-                            raise LogUnavailable(f"{self.directory}/.lock: held for over "
-                                                 f"{self.lock_timeout_s}s by another writer") from None
+                            raise LogUnavailable(
+                                f"{self.directory}/.lock: held for over {self.lock_timeout_s}s by another writer"
+                            ) from None
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, LOCK_POLL_S)
                 self._lock_owner = task
@@ -406,10 +419,11 @@ class FileUpdateLog:
                 await asyncio.sleep(min(POLL_S, remaining))
                 try:
                     if not t.first:  # no segment yet: the first append creates the head's successor
-                        changed = os.path.exists(self._path(t.head + 1))
+                        changed = os.path.exists(self._path(t.head + 1))  # noqa: ASYNC240 - one stat a poll
                     else:
-                        changed = (os.stat(self._path(t.first)).st_size != t.end
-                                   or os.path.exists(self._path(t.head + 1)) and t.head + 1 != t.first)
+                        changed = os.stat(self._path(t.first)).st_size != t.end or (
+                            os.path.exists(self._path(t.head + 1)) and t.head + 1 != t.first  # noqa: ASYNC240
+                        )
                 except OSError:
                     changed = True
                 if changed:

@@ -25,9 +25,19 @@ from typing import Any
 import orjson
 
 from runners.feature.update_log import base
-from runners.feature.update_log.base import (LogEntry, LogTrimmed, LogUnavailable, SequenceConflict, check_after,
-                                             check_worker, encode_ops, entry_of, fresh_statuses, payload_of, log)
-
+from runners.feature.update_log.base import (
+    LogEntry,
+    LogTrimmed,
+    LogUnavailable,
+    SequenceConflict,
+    check_after,
+    check_worker,
+    encode_ops,
+    entry_of,
+    fresh_statuses,
+    log,
+    payload_of,
+)
 
 # KEYS: stream, head. ARGV: expected head, payload. {1, seq} appended, {0, head} a conflict.
 # string.format('%d'): Lua 5.1's tostring of a number switches to exponent notation at 1e14.
@@ -68,25 +78,34 @@ def durability_problems(server: str, config: dict[str, str | None]) -> list[str]
     problems = []
     policy = config.get("maxmemory-policy")
     if policy is None:
-        problems.append(f"Redis {server}: maxmemory-policy could not be read; if it is not noeviction, {LOSS} "
-                        "when the server is full")
+        problems.append(
+            f"Redis {server}: maxmemory-policy could not be read; if it is not noeviction, {LOSS} "
+            "when the server is full"
+        )
     elif policy != "noeviction" and not policy.startswith("volatile-"):
         # volatile-* policies evict only keys with a TTL, and the log's keys have none.
-        problems.append(f"Redis {server}: maxmemory-policy {policy} evicts keys without a TTL when the server is "
-                        f"full, the update log's among them: {LOSS} (use noeviction)")
+        problems.append(
+            f"Redis {server}: maxmemory-policy {policy} evicts keys without a TTL when the server is "
+            f"full, the update log's among them: {LOSS} (use noeviction)"
+        )
     appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
     if appendonly is None:
         problems.append(f"Redis {server}: appendonly could not be read; without it, {LOSS} when the server restarts")
     elif appendonly != "yes":
-        problems.append(f"Redis {server}: appendonly {appendonly}: the update log is not written to disk before an "
-                        f"update is acknowledged, so {LOSS} when the server restarts (use appendonly yes, "
-                        "appendfsync always)")
+        problems.append(
+            f"Redis {server}: appendonly {appendonly}: the update log is not written to disk before an "
+            f"update is acknowledged, so {LOSS} when the server restarts (use appendonly yes, "
+            "appendfsync always)"
+        )
     elif appendfsync is None:
-        problems.append(f"Redis {server}: appendfsync could not be read; unless it is always, {LOSS} when the host "
-                        "fails")
+        problems.append(
+            f"Redis {server}: appendfsync could not be read; unless it is always, {LOSS} when the host fails"
+        )
     elif appendfsync != "always":
-        problems.append(f"Redis {server}: appendfsync {appendfsync}: the append-only file is not fsynced before an "
-                        f"update is acknowledged, so {LOSS} when the host fails (use appendfsync always)")
+        problems.append(
+            f"Redis {server}: appendfsync {appendfsync}: the append-only file is not fsynced before an "
+            f"update is acknowledged, so {LOSS} when the host fails (use appendfsync always)"
+        )
     return problems
 
 
@@ -119,8 +138,15 @@ class RedisUpdateLog:
         self._errors = _redis_errors()
 
     @classmethod
-    def from_url(cls, url: str, *, ca_file: str = "", key: str = "gsage-updates",
-                 timeout_s: float = 2.0, socket_timeout_s: float = 5.0) -> RedisUpdateLog:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        ca_file: str = "",
+        key: str = "gsage-updates",
+        timeout_s: float = 2.0,
+        socket_timeout_s: float = 5.0,
+    ) -> RedisUpdateLog:
         from common.redis_client import make_client
 
         client = make_client(url, timeout_s=timeout_s, socket_timeout_s=socket_timeout_s, ca_file=ca_file)
@@ -144,8 +170,9 @@ class RedisUpdateLog:
         ops_json = encode_ops(ops)
         acked_at = base.wall_clock()
         with self._unavailable("append"):
-            ok, seq = await self._append(keys=[self.stream_key, self.head_key],
-                                         args=[expected_head, payload_of(ops_json, acked_at)])
+            ok, seq = await self._append(
+                keys=[self.stream_key, self.head_key], args=[expected_head, payload_of(ops_json, acked_at)]
+            )
         if not ok:
             raise SequenceConflict(expected_head, int(seq))
         return LogEntry(int(seq), orjson.loads(ops_json), acked_at)
@@ -155,8 +182,7 @@ class RedisUpdateLog:
         if limit < 1:
             return []
         with self._unavailable("read"):
-            head, raw = await self._read(keys=[self.stream_key, self.head_key],
-                                         args=[f"{after + 1}-0", limit])
+            head, raw = await self._read(keys=[self.stream_key, self.head_key], args=[f"{after + 1}-0", limit])
         entries = []
         for entry_id, fields in raw:
             values = dict(zip(fields[::2], fields[1::2]))  # a script returns the flat field list
@@ -215,14 +241,16 @@ class RedisUpdateLog:
         warnings. Warns, never refuses: a test's throwaway server keeps nothing on purpose."""
         try:
             configs = await asyncio.wait_for(self._server_configs(), timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop a start (a timeout included)
+        except Exception as exc:
             configs = {self._describe(): exc}
         warnings = []
         for server, config in configs.items():
             if isinstance(config, BaseException):
-                warnings.append(f"Redis {server}: the update log's durability could not be checked "
-                                f"({type(config).__name__}: {config}); unless it runs with appendonly yes, "
-                                f"appendfsync always and maxmemory-policy noeviction, {LOSS}")
+                warnings.append(
+                    f"Redis {server}: the update log's durability could not be checked "
+                    f"({type(config).__name__}: {config}); unless it runs with appendonly yes, "
+                    f"appendfsync always and maxmemory-policy noeviction, {LOSS}"
+                )
             else:
                 warnings.extend(durability_problems(server, config))
         for warning in warnings:
