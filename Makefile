@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 BENTOML := $(VENV)/bin/bentoml
 PORT ?= 3000
 
-.PHONY: install demo-model serve test test-fast parity bench audit soak clean
+.PHONY: install demo-model serve test test-fast lint parity bench audit soak clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,12 @@ test: install
 test-fast: install
 	$(PY) -m pytest tests -m "not integration"
 
+# ruff (lint and format check) and mypy (strict on common/ and the cores: pyproject.toml): zero findings.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 parity: install
 	$(PY) -m training_export parity
 
@@ -53,7 +59,7 @@ clean:
 # make validate-k8s                                  bentos/k8s/*.yaml against the k8s schema
 # make base-image                                    the local Debian base (no registry needed)
 # make image [MODELS=...] [IMAGE=...]                the release image: bento + bentoml containerize
-# make image-torch [TORCH_WHEELS=DIR]                the same with torch (training, torch backend)
+# make image-torch [TORCH_INDEX_URL=URL|TORCH_WHEELS=DIR]  the same with torch (training, torch backend)
 # make image-gpu                                     the GPU image (its CUDA base from a registry)
 # make test-image                                    the image's three containers end to end
 BENTO ?= graphsage-serving:latest
@@ -68,7 +74,9 @@ GPU_IMAGE ?= graphsage-serving-gpu:release
 BASE_IMAGE ?= localhost/graphsage-base:bookworm
 # auto: docker where its daemon answers, else buildah, else podman.
 IMAGE_BACKEND ?= auto
-# A directory with the CPU torch wheel, where the PyTorch index is unreachable (image-torch).
+# image-torch: PyTorch's CPU wheel index (an extra index for the build), or a directory with
+# the CPU wheel where no such index is reachable; with neither, the index pip is configured with.
+TORCH_INDEX_URL ?=
 TORCH_WHEELS ?=
 
 .PHONY: bento bento-gpu bento-context containerize split-up split-status split-down validate-k8s test-release
@@ -118,7 +126,7 @@ image: demo-model base-image
 
 image-torch: demo-model base-image
 	@set -e; tag=$$($(PY) -m bentos.release build --torch $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) \
-	  $(if $(TORCH_WHEELS),--no-extra-index) $(foreach m,$(MODELS),--model $(m))); \
+	  $(if $(TORCH_INDEX_URL),--extra-index $(TORCH_INDEX_URL)) $(foreach m,$(MODELS),--model $(m))); \
 	$(PY) -m bentos.release image "$$tag" -t $(TORCH_IMAGE) -t "$$tag" --backend $(IMAGE_BACKEND) \
 	  $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
 

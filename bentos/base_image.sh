@@ -34,7 +34,7 @@ fi
 if [ -z "${MIRROR:-}" ]; then
   MIRROR=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
   [ -n "$MIRROR" ] || MIRROR=$(awk '$1 == "deb" && $3 == "'$SUITE'" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  MIRROR=${MIRROR:-http://deb.debian.org/debian}
+  [ -n "$MIRROR" ] || { echo "base_image.sh: no Debian mirror in this machine's apt sources; set MIRROR=URL" >&2; exit 1; }
 fi
 SECURITY=${SECURITY_MIRROR:-${MIRROR%/debian}/debian-security}
 

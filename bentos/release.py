@@ -40,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def _training_snapshot(specs: list[Any]) -> str | None:
         return None
     try:
         snapshot = bentoml.models.get(first).info.metadata.get("graph_snapshot")
-        if snapshot:
+        if isinstance(snapshot, str) and snapshot:
             return str(bentoml.models.get(snapshot).tag)
     except NotFound:
         pass
@@ -185,15 +185,24 @@ def load_bentofile(path: Path) -> dict[str, Any]:
 
 
 def set_image_options(
-    config: dict[str, Any], base_image: str | None = None, no_extra_index: bool = False
+    config: dict[str, Any],
+    base_image: str | None = None,
+    no_extra_index: bool = False,
+    extra_indexes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``docker.base_image`` (BentoML then ignores ``distro``; dropped) and the extra indexes."""
+    """``docker.base_image`` (BentoML then ignores ``distro``; dropped) and the extra indexes:
+    the bentofile's dropped (``no_extra_index``), ``extra_indexes`` appended (named by the one
+    who builds, never by a project file)."""
     cfg = dict(config)
     if base_image:
         docker = {k: v for k, v in (cfg.get("docker") or {}).items() if k not in ("distro", "system_packages")}
         cfg["docker"] = {**docker, "base_image": base_image}
     if no_extra_index and (cfg.get("python") or {}).get("extra_index_url"):
         cfg["python"] = {k: v for k, v in cfg["python"].items() if k != "extra_index_url"}
+    if extra_indexes:
+        python = dict(cfg.get("python") or {})
+        python["extra_index_url"] = [*(python.get("extra_index_url") or []), *extra_indexes]
+        cfg["python"] = python
     return cfg
 
 
@@ -222,11 +231,12 @@ def build(
     codegen: bool = True,
     base_image: str | None = None,
     no_extra_index: bool = False,
+    extra_indexes: Sequence[str] = (),
 ) -> str:
     """Codegen, resolve, ``bentoml build``; returns the bento tag."""
     if codegen:
         run_codegen()
-    config = set_image_options(load_bentofile(bentofile), base_image, no_extra_index)
+    config = set_image_options(load_bentofile(bentofile), base_image, no_extra_index, extra_indexes)
     resolved = resolve_config(config, models)
     BUILD_DIR.mkdir(exist_ok=True)
     out_file = BUILD_DIR / (bentofile.stem + ".resolved.yaml")
@@ -333,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="drop the bentofile's extra indexes (unreachable; wheels from `image --find-links`)",
     )
+    p.add_argument(
+        "--extra-index",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an extra package index for the image (e.g. PyTorch's CPU wheels for --torch); repeatable",
+    )
     p = sub.add_parser("context", help="write the OCI build context (Dockerfile, bento, models)")
     p.add_argument("bento", nargs="?", default=None, help="tag or bento directory (default: latest)")
     p.add_argument("--out", type=Path, default=BUILD_DIR / "context")
@@ -370,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 codegen=not args.no_codegen,
                 base_image=args.base_image,
                 no_extra_index=args.no_extra_index,
+                extra_indexes=args.extra_index,
             )
             print(tag)
         elif args.cmd == "image":

@@ -151,7 +151,7 @@ class Endpoint(Generic[I, O]):
     async def call(self, core: Any, value: I) -> O:
         """The core's method for this endpoint, on the decoded body."""
         fn = getattr(core, self.name)
-        result: O = await (fn() if self.takes is NO_BODY else fn(value))
+        result: O = await (fn() if isinstance(self.takes, NoBody) else fn(value))
         return result
 
 

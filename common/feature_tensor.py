@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,24 +85,23 @@ class FeatureTensor:
         if self.index[0].size and int(self.index[0].min()) < 0:
             raise FeatureTensorError("target slots cannot be padding")
         rows = self.features.shape[0]
-        premean = self.last_mean is not None
+        premean = self.last_rows is not None and self.last_mean is not None
         if premean:
             self._validate_premean(rows)
+        entries = self.last_rows.size if self.last_rows is not None else 0
         parents = self.index[0].shape[0]
         for depth, idx in enumerate(self.index):
             if depth and (idx.ndim != 2 or idx.shape[0] != parents):
                 raise FeatureTensorError(
                     f"index[{depth}] must be [{parents}, k{depth}] (one row per real node of hop {depth - 1}), got {idx.shape}"
                 )
-            bound, what = (
-                (self.last_rows.size, "last_rows") if premean and depth == len(self.index) - 1 else (rows, "features")
-            )
+            bound, what = (entries, "last_rows") if premean and depth == len(self.index) - 1 else (rows, "features")
             if idx.size and (int(idx.max()) >= bound or int(idx.min()) < -1):
                 raise FeatureTensorError(f"index[{depth}] points outside {what} [0, {bound})")
             parents = int((idx >= 0).sum())
 
     def _validate_premean(self, rows: int) -> None:
-        if len(self.index) < 2 or self.last_rows is None or self.last_rows.ndim != 1:
+        if len(self.index) < 2 or self.last_rows is None or self.last_mean is None or self.last_rows.ndim != 1:
             raise FeatureTensorError("a premean tensor has at least idx0 and idx1, and last_rows [E]")
         if not self.last_rows.size:
             raise FeatureTensorError(
@@ -142,8 +142,8 @@ def padded_nbytes(tree: Sequence[np.ndarray], feature_dim: int, itemsize: int = 
 def encode(ft: FeatureTensor, prefix: bytes = b"") -> bytes:
     """``prefix``: bytes written in front in the same copy (the model runner's request envelope)."""
     arrays = {"features": ft.features, **{f"idx{d}": idx for d, idx in enumerate(ft.index)}}
-    meta: dict = {"snapshot": ft.snapshot}
-    if ft.last_mean is not None:
+    meta: dict[str, Any] = {"snapshot": ft.snapshot}
+    if ft.last_rows is not None and ft.last_mean is not None:
         arrays.update(last_rows=ft.last_rows, last_mean=ft.last_mean)
         meta.update(layout=PREMEAN, last_fanout=ft.last_fanout)
     return wire.pack(arrays, meta, prefix)
@@ -167,7 +167,10 @@ def decode(blob: bytes | bytearray | memoryview) -> FeatureTensor:
         raise FeatureTensorError("features must be float and index arrays int32")
     last_fanout = meta.get("last_fanout", 0)
     if last_mean is not None and (
-        last_mean.dtype != features.dtype or last_rows.dtype != np.int32 or not isinstance(last_fanout, int)
+        last_rows is None
+        or last_mean.dtype != features.dtype
+        or last_rows.dtype != np.int32
+        or not isinstance(last_fanout, int)
     ):
         raise FeatureTensorError("last_mean must have the dtype of features, last_rows int32, last_fanout an integer")
     ft = FeatureTensor(

@@ -120,7 +120,7 @@ def check_shape(ops: Any) -> list[dict[str, Any]]:
 
 
 def _op_model(spec: OpSpec) -> type[BaseModel]:
-    fields: dict[str, Any] = {"op": (Literal[spec.name], Field(description=spec.description))}  # type: ignore[valid-type]
+    fields: dict[str, Any] = {"op": (Literal[spec.name], Field(description=spec.description))}
     for f in spec.fields:
         default = ... if f.required else None
         fields[f.name] = (_ANNOTATIONS[f.kind], Field(default, description=f.description or None))

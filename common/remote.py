@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
-from common.endpoints import NO_BODY, Endpoint
+from common.endpoints import Endpoint, NoBody
 from common.errors import ApiError, retry_after
 
 log = logging.getLogger("graphsage.remote")
@@ -114,7 +114,7 @@ class HttpTransport:
         if self._session is None or self._session.closed:
             self._session = self._open()
         headers = {"Content-Type": endpoint.takes.media_type, **self._tokens.header()}
-        body = None if endpoint.takes is NO_BODY and endpoint.method == "GET" else endpoint.takes.encode(value)
+        body = None if isinstance(endpoint.takes, NoBody) and endpoint.method == "GET" else endpoint.takes.encode(value)
         for attempt in range(len(self._retry_pauses_s) + 1):
             try:
                 async with self._session.request(endpoint.method, endpoint.path, data=body, headers=headers) as resp:

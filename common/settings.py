@@ -413,8 +413,10 @@ class Settings(
         settings_cls: type[BaseSettings],
         init_settings: PydanticBaseSettingsSource,
         env_settings: PydanticBaseSettingsSource,
-        **_: Any,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The init values and the environment only (no .env file, no secrets directory)."""
         env = _SOURCE.get("env")
         return (init_settings, env_settings if env is None else _MappingEnv(settings_cls, env))
 
@@ -436,7 +438,9 @@ class Settings(
         cached = self._sections
         if kind not in cached:
             cached[kind] = kind.model_construct(**{name: getattr(self, name) for name in kind.model_fields})
-        return cached[kind]  # type: ignore[no-any-return]
+        section = cached[kind]
+        assert isinstance(section, kind)
+        return section
 
     @property
     def model_store(self) -> ModelStoreSection:

@@ -79,7 +79,7 @@ def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None, pref
             ],
         }
     )
-    parts = [prefix, MAGIC, struct.pack("<I", len(header)), header]
+    parts: list[Any] = [prefix, MAGIC, struct.pack("<I", len(header)), header]  # bytes and uint8 arrays
     offset = len(MAGIC) + 4 + len(header)
     for a in arrays.values():
         pad = -offset % _ALIGN

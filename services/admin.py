@@ -12,9 +12,10 @@ from typing import Any
 from common.errors import ApiError
 from common.feature_runner_api import CompactRequest, FeatureRunnerApi
 from common.model_runner_api import ModelRunnerApi
+from services.promotion import PromotionBar, require_agreement
 from services.protocol import RoutingChange
 from services.routing import RoutingTable, normalise_version
-from services.shadow import PromotionBar, ShadowCanary, require_agreement
+from services.shadow import ShadowCanary
 
 log = logging.getLogger("graphsage.gateway")
 

@@ -114,8 +114,10 @@ class Answer:
         probs_rows = _row_fragments(probs)
         scores = orjson.dumps(probs.max(1), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
         labels = probs.argmax(1).tolist()
-        emb = self.embedding
-        emb_rows = [b"[" + r + b"]" for r in _row_fragments(emb)] if emb is not None else [b"null"] * len(labels)
+        emb = self.embedding  # an array here: to_json sends per-row embeddings to the per-node rendering
+        emb_rows = (
+            [b"[" + r + b"]" for r in _row_fragments(np.asarray(emb))] if emb is not None else [b"null"] * len(labels)
+        )
         stale = b"true" if self.stale else b"false"
         nodes = b",".join(
             [

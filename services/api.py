@@ -27,7 +27,8 @@ class AnswerJson:
     def encode(self, answer: Answer) -> bytes:
         return answer.to_json()
 
-    def decode(self, body: bytes) -> PredictResponse:
+    def decode(self, body: bytes) -> Any:
+        """A caller's view of the answer: the ``PredictResponse`` it renders."""
         return PredictResponse.model_validate_json(body)
 
     def schema(self) -> dict[str, Any]:
@@ -58,7 +59,7 @@ class GraphUpdateBody:
         return GraphUpdate.model_json_schema(ref_template="#/components/schemas/{model}")
 
 
-PREDICT = Endpoint(
+PREDICT: Endpoint[PredictRequest, Answer] = Endpoint(
     "predict",
     "/predict",
     JsonModel(PredictRequest),

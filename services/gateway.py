@@ -40,7 +40,8 @@ from services.prediction import PredictionCore, StaleAnswers
 from services.protocol import PredictRequest, PredictResponse, RoutingChange
 from services.ratelimit import build_rate_limiter
 from services.routing import RoutingTable
-from services.shadow import ShadowCanary, stats_dir, worker_stats_path
+from services.shadow import ShadowCanary
+from services.shadow_stats import stats_dir, worker_stats_path
 
 prepare_service_module()  # BentoML's traffic middlewares patched, quiet client errors, the shared service token
 
@@ -190,13 +191,13 @@ class Gateway:
         return await self.core.graph_update(GraphUpdate(**params).model_dump(exclude_none=True)["ops"])
 
     @bentoml.api(route=api.COMPACT.path, input_spec=CompactRequest)
-    async def admin_graph_compact(self, **params: Any) -> dict:  # type: ignore[type-arg]
+    async def admin_graph_compact(self, **params: Any) -> dict[str, Any]:
         """Fold the update log into a new graph snapshot (scope ``admin``); every FeatureRunner
         worker switches to it with no failed request and no changed answer."""
         return await self.core.compact(CompactRequest(**params))
 
     @bentoml.api(route=api.ROUTING.path, input_spec=RoutingChange)
-    async def admin_routing(self, **params: Any) -> dict:  # type: ignore[type-arg]
+    async def admin_routing(self, **params: Any) -> dict[str, Any]:
         """Set weights, promote (optionally behind a shadow agreement bar: 409 under it), roll
         back, set or clear a shadow (scope ``admin``). Every gateway worker sees the change within
         ~1 s; the model runner pre-loads the versions now in use, shadows included."""

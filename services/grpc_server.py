@@ -363,7 +363,7 @@ async def start_grpc_server(
         await server.stop(None)
         return None
     await server.start()
-    server.bound_port = bound  # type: ignore[attr-defined]
+    server.bound_port = bound
     log.info(
         "gRPC front end (graphsage.v1.GraphSAGE, health, reflection) listening on %s:%d%s",
         host,

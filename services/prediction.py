@@ -18,7 +18,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -77,7 +77,8 @@ class StaleAnswers:
         resolves to)."""
         young, n = self._young, len(answer.node_ids)
         base = len(young.answers) * _ROWS
-        young.answers.append((answer.probs, answer.embedding, answer.multilabel, answer.precision))
+        embedding = answer.embedding if isinstance(answer.embedding, np.ndarray) else None  # a fresh answer's
+        young.answers.append((answer.probs, embedding, answer.multilabel, answer.precision))
         young.rows.setdefault(tag, {}).update(zip(answer.node_ids, range(base, base + n)))
         young.size += n
         if young.size >= max(1, self.capacity // 2):
@@ -196,7 +197,7 @@ class PredictionCore:
         return outcome
 
     async def _run_merged(self, calls: list[_Call]) -> list[Answer | ApiError]:
-        groups: dict[tuple, list[_Call]] = defaultdict(list)
+        groups: dict[tuple[Any, ...], list[_Call]] = defaultdict(list)
         for call in calls:
             groups[call.group].append(call)
         answers = await asyncio.gather(*(self._run_group(g) for g in groups.values()))
@@ -260,7 +261,7 @@ class PredictionCore:
         if self.shadow is not None:  # only queued here: the shadow's call never delays these answers
             self.shadow.offer(
                 first.tag,
-                [(c.req, c.seed, a) for c, a in zip(calls, out)],
+                [(c.req, c.seed, a) for c, a in zip(calls, out) if isinstance(a, Answer)],
                 time.perf_counter() - started,
                 meta.get("layout"),
             )

@@ -52,26 +52,11 @@ change, detected by (mtime, size, inode), within about a second. A file that is 
 invalid at reload keeps the table loaded before (and is logged), so a bad hand edit never takes
 routing down.
 
-CLI::
-
-    python -m services.routing --file r.json show
-    python -m services.routing --file r.json set-weights graphsage graphsage:v1=90 graphsage:v2=10
-    python -m services.routing --file r.json promote graphsage graphsage:v2
-    python -m services.routing --file r.json rollback graphsage
-    python -m services.routing --file r.json set-shadow graphsage graphsage:v3 --share 0.5
-    python -m services.routing --file r.json shadow        # the figures of every (primary, shadow) pair
-    python -m services.routing --file r.json promote graphsage graphsage:v3 --min-agreement 0.98 --min-compared 500
-    python -m services.routing --file r.json clear-shadow graphsage
-
-``promote`` with a bar refuses (exit 1, the figures in the message) unless the version, as the
-shadow of the versions now routed, agreed on at least that share of at least that many compared
-predictions, read from the gateway workers' stats files (``--stats-dir``, by default
-``<file>.shadow``).
+The command line that reads and changes the table: ``services.routing_cli``.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import dataclasses
 import hashlib
@@ -82,7 +67,6 @@ import math
 import os
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -143,7 +127,7 @@ def normalise_version(model: str, version: str) -> str:
     return f"{model}:{ver}"
 
 
-def _model_name(model: str) -> str:
+def model_name(model: str) -> str:
     name = model.strip().lower()
     if not _valid_part(name):
         raise UnknownModel(f"invalid model name {model!r}")
@@ -279,14 +263,14 @@ def parse_table(doc: Any, where: str = "routing table") -> TableState:
         raise RoutingError(f'{where}: expected {{"models": {{"<model>": {{"routes": [...]}}}}}}')
     models: dict[str, ModelRoutes] = {}
     for raw_name, entry in doc["models"].items():
-        name = _model_name(raw_name)
+        name = model_name(raw_name)
         if not isinstance(entry, dict):
             raise RoutingError(f"{where}: model {raw_name!r} must be an object")
         routes = _routes_from_json(name, entry.get("routes"), f"{where}: {name}")
         history = tuple(_routes_from_json(name, h, f"{where}: {name} history") for h in entry.get("history") or ())
         models[name] = ModelRoutes(routes, history[-HISTORY_MAX:], _shadow_from_json(name, entry.get("shadow"), where))
     default = doc.get("default_model") or next(iter(models))
-    default = _model_name(default)
+    default = model_name(default)
     if default not in models:
         raise RoutingError(f"{where}: default_model {default!r} is not in models")
     return TableState(default, models)
@@ -304,7 +288,7 @@ def default_table(default_version: str = DEFAULT_VERSION) -> TableState:
     name, sep, _ = default_version.partition(":")
     if not sep:
         raise InvalidVersion(f"default version must be a full tag 'name:version', got {default_version!r}")
-    model = _model_name(name)
+    model = model_name(name)
     tag = normalise_version(model, default_version)
     return TableState(model, {model: ModelRoutes((Route(tag, 1.0),))})
 
@@ -481,7 +465,7 @@ class RoutingTable:
         log.info("routing changed: %s", self._describe(self._state))
 
     def _replace_routes(self, model: str, make: Callable[[ModelRoutes | None], ModelRoutes]) -> None:
-        name = _model_name(model)
+        name = model_name(model)
 
         def change(state: TableState) -> TableState:
             models = dict(state.models)
@@ -494,7 +478,7 @@ class RoutingTable:
         """Replace the model's routes by ``weights`` (``{version: weight}``, any scale: 90/10 is
         0.9/0.1). Versions already routed keep their position (stickiness); new ones are
         appended; versions not named are removed. Creates the model if it is new."""
-        name = _model_name(model)
+        name = model_name(model)
         given = _normalise_weights(name, list(weights.items()))
 
         self._replace_routes(name, lambda current: _merged_routes(current, given))
@@ -503,7 +487,7 @@ class RoutingTable:
     def promote(self, model: str, version: str) -> list[Route]:
         """All traffic to ``version`` (the other routes are dropped; ``rollback`` restores).
         When ``version`` was the shadow, the shadow ends."""
-        name = _model_name(model)
+        name = model_name(model)
         given = _normalise_weights(name, [(version, 1.0)])
 
         def make(current: ModelRoutes | None) -> ModelRoutes:
@@ -518,18 +502,18 @@ class RoutingTable:
     def set_shadow(self, model: str, version: str, share: float = 1.0) -> Shadow:
         """``version`` also scores ``share`` of ``model``'s answered requests (replacing any
         earlier shadow); the model must exist."""
-        name = _model_name(model)
+        name = model_name(model)
         shadow = make_shadow(name, version, share)
         self._replace_routes(name, lambda current: _existing(model, current).with_shadow(shadow))
         return shadow
 
     def clear_shadow(self, model: str) -> None:
-        name = _model_name(model)
+        name = model_name(model)
         self._replace_routes(name, lambda current: _existing(model, current).with_shadow(None))
 
     def rollback(self, model: str) -> list[Route]:
         """Restore the routes before the last change (``NoHistory`` when there is none)."""
-        name = _model_name(model)
+        name = model_name(model)
 
         def make(current: ModelRoutes | None) -> ModelRoutes:
             current = _existing(model, current)
@@ -555,154 +539,3 @@ def _existing(model: str, current: ModelRoutes | None) -> ModelRoutes:
     if current is None:
         raise UnknownModel(f"unknown model {model!r}")
     return current
-
-
-# -- CLI -----------------------------------------------------------------------------------------
-
-
-def _parse_assignments(model: str, items: Sequence[str]) -> dict[str, float]:
-    weights: dict[str, float] = {}
-    for item in items:
-        version, sep, weight = item.rpartition("=")
-        if not sep or not version:
-            raise InvalidWeights(f"expected VERSION=WEIGHT, got {item!r}")
-        try:
-            value = float(weight)
-        except ValueError:
-            raise InvalidWeights(f"{item!r}: weight {weight!r} is not a number") from None
-        tag = normalise_version(_model_name(model), version)
-        if tag in weights:
-            raise InvalidWeights(f"{tag} is listed twice")
-        weights[tag] = value
-    return weights
-
-
-def _print_routes(table: RoutingTable, model: str) -> None:
-    for r in table.routes(model):
-        print(f"{r.version}\t{r.weight * 100:.2f}%")
-    shadow = table.shadow(model)
-    if shadow is not None:
-        print(f"{shadow.version}\tshadow {shadow.share * 100:.2f}%")
-
-
-def _shadow_report(table: RoutingTable, directory: str | None) -> dict[str, Any]:
-    from services.shadow import load_stats, merge_stats, pairs_report
-
-    parts = load_stats(directory)
-    return {
-        "shadows": {m: s.to_json() for m in table.models() if (s := table.shadow(m)) is not None},
-        "stats_dir": directory,
-        "workers_reporting": len(parts),
-        "pairs": pairs_report(merge_stats(parts)),
-    }
-
-
-def _check_promotion(
-    table: RoutingTable, model: str, version: str, args: argparse.Namespace, directory: str | None
-) -> None:
-    """The ``--min-agreement`` / ``--min-compared`` bar, on every worker's figures in ``directory``."""
-    from services.shadow import PromotionBar, load_stats, merge_stats, require_agreement
-
-    if args.min_agreement is None and args.min_compared is None:
-        return
-    name = _model_name(model)
-    bar = PromotionBar(args.min_agreement or 0.0, args.min_compared or 0)
-    figures = require_agreement(
-        merge_stats(load_stats(directory)), normalise_version(name, version), bar, primaries=table.routes_in_use(name)
-    )
-    shown = "none" if figures.agreement is None else f"{figures.agreement:.4f}"
-    print(
-        f"agreement {shown} over {figures.predictions} predictions compared: "
-        f"meets agreement >= {bar.min_agreement} over >= {bar.min_compared}",
-        file=sys.stderr,
-    )
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.routing", description="Show or change model routing.")
-    parser.add_argument(
-        "--file",
-        default=os.environ.get("GSAGE_ROUTING_FILE") or None,
-        help="the routing file (default: $GSAGE_ROUTING_FILE)",
-    )
-    parser.add_argument(
-        "--default-version", default=DEFAULT_VERSION, help="the single route of a table that has no file yet"
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("show", help="print the table as JSON")
-    p = sub.add_parser("set-weights", help="e.g. graphsage graphsage:v1=90 graphsage:v2=10")
-    p.add_argument("model")
-    p.add_argument("weights", nargs="+", metavar="VERSION=WEIGHT")
-    parser.add_argument(
-        "--stats-dir",
-        default=os.environ.get("GSAGE_SHADOW_STATS_DIR") or None,
-        help="the gateway workers' shadow figures (default: $GSAGE_SHADOW_STATS_DIR, else <file>.shadow)",
-    )
-    p = sub.add_parser("promote", help="all traffic to one version")
-    p.add_argument("model")
-    p.add_argument("version")
-    p.add_argument(
-        "--min-agreement",
-        type=_share,
-        default=None,
-        help="refuse unless the version, as the shadow, agreed on at least this share (0..1)",
-    )
-    p.add_argument("--min-compared", type=int, default=None, help="... of at least this many compared predictions")
-    p = sub.add_parser("rollback", help="restore the routes before the last change")
-    p.add_argument("model")
-    p = sub.add_parser("set-shadow", help="a version that also scores a share of the model's requests")
-    p.add_argument("model")
-    p.add_argument("version")
-    p.add_argument("--share", type=_share, default=1.0, help="share of the answered requests (0..1, default 1)")
-    p = sub.add_parser("clear-shadow", help="end the model's shadow")
-    p.add_argument("model")
-    sub.add_parser("shadow", help="print the shadow figures of every (primary, shadow) pair as JSON")
-    args = parser.parse_args(argv)
-
-    if args.cmd not in ("show", "shadow") and not args.file:
-        print("error: --file (or GSAGE_ROUTING_FILE) is required to change routing", file=sys.stderr)
-        return 2
-    from services.shadow import PromotionRefused, stats_dir
-
-    directory = stats_dir(args.stats_dir or "", args.file or "")
-    try:
-        table = RoutingTable(args.file, default_version=args.default_version)
-        if args.cmd == "show":
-            print(json.dumps(table.to_json(), indent=2))
-        elif args.cmd == "shadow":
-            print(json.dumps(_shadow_report(table, directory), indent=2))
-        elif args.cmd == "set-weights":
-            table.set_weights(args.model, _parse_assignments(args.model, args.weights))
-            _print_routes(table, args.model)
-        elif args.cmd == "promote":
-            _check_promotion(table, args.model, args.version, args, directory)
-            table.promote(args.model, args.version)
-            _print_routes(table, args.model)
-        elif args.cmd == "set-shadow":
-            table.set_shadow(args.model, args.version, args.share)
-            _print_routes(table, args.model)
-        elif args.cmd == "clear-shadow":
-            table.clear_shadow(args.model)
-            _print_routes(table, args.model)
-        else:
-            table.rollback(args.model)
-            _print_routes(table, args.model)
-    except (OSError, RoutingError, PromotionRefused) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    sys.exit(main())

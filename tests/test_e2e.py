@@ -660,8 +660,8 @@ def test_shadow_canary_scores_the_primarys_neighbourhood(app, env):
     gateway draws serves both sides, over HTTP and gRPC); another version's agreement equals an
     in-process computation on the same requests; promote refuses under the bar, with the figures."""
     from services.routing import RoutingTable
-    from services.routing import main as routing_cli
-    from services.shadow import load_stats, merge_stats
+    from services.routing_cli import main as routing_cli
+    from services.shadow_stats import load_stats, merge_stats
 
     grpc_client = pytest.importorskip("services.grpc_client")
     v1, v2, pin = env["v1"], env["v2"], env["v1"].split(":")[1]

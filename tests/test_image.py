@@ -229,9 +229,9 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         assert (
             httpx.post(
                 urls["FeatureRunner"] + "/predict",
-                content=b"{}",
+                content=b"\0" * 16,
                 timeout=10,
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/octet-stream"},
             ).status_code
             == 401
         )
@@ -301,7 +301,7 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         # 5. Canary weights moved on the routing file (the ConfigMap flow): 50/50, then all to v2.
         def routing_cli(*args: str) -> None:
             out = subprocess.run(
-                [sys.executable, "-m", "services.routing", "--file", str(routes), *args],
+                [sys.executable, "-m", "services.routing_cli", "--file", str(routes), *args],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,
@@ -390,11 +390,15 @@ def test_the_torch_image_is_the_serving_one_plus_torch():
     assert torch["python"]["packages"][: len(serving["python"]["packages"])] == serving["python"]["packages"]
     assert _names(torch["python"]["packages"]) - _names(serving["python"]["packages"]) == set(TORCH_PACKAGES)
     assert "torch==2.13.0" in torch["python"]["packages"]
-    assert torch["python"]["extra_index_url"] == ["https://download.pytorch.org/whl/cpu"]
+    # No project file names an index: the one who builds does (--extra-index), or pip's own.
+    assert not torch["python"].get("extra_index_url")
     assert torch["envs"] == serving["envs"] and torch["include"] == serving["include"]
     assert torch["labels"] == {**serving["labels"], "variant": "cpu-torch"}
-    # Where the PyTorch index is unreachable: no index, the CPU wheel from `image --find-links`.
-    local = set_image_options(torch, base_image="localhost/graphsage-base:bookworm", no_extra_index=True)
+    cpu_index = "http://127.0.0.1:1/whl/cpu"
+    named = set_image_options(torch, extra_indexes=[cpu_index])
+    assert named["python"]["extra_index_url"] == [cpu_index] and "extra_index_url" not in torch["python"]
+    # Where no index is reachable: none, the CPU wheel from `image --find-links`.
+    local = set_image_options(named, base_image="localhost/graphsage-base:bookworm", no_extra_index=True)
     assert "extra_index_url" not in local["python"] and local["python"]["packages"] == torch["python"]["packages"]
     assert local["docker"]["base_image"] == "localhost/graphsage-base:bookworm" and "distro" not in local["docker"]
     assert local["docker"]["dockerfile_template"] == serving["docker"]["dockerfile_template"]

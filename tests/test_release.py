@@ -201,7 +201,7 @@ def test_split_services_from_the_bento_directory(released, tmp_path):
         assert grpc_predict(f"127.0.0.1:{grpc_port}", ids, seed=5)["model"] == v2
         # The same change made on the routing file by the CLI (as for a ConfigMap): promote v1.
         cli = subprocess.run(
-            [sys.executable, "-m", "services.routing", "--file", str(routes), "promote", "graphsage", v1],
+            [sys.executable, "-m", "services.routing_cli", "--file", str(routes), "promote", "graphsage", v1],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -20,8 +20,8 @@ from services.routing import (
     RoutingTable,
     UnknownModel,
     hash_point,
-    main,
 )
+from services.routing_cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = [f"user-{i}" for i in range(20_000)]
@@ -216,7 +216,7 @@ def test_cli(tmp_path):
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "services.routing", "--file", path, *args],
+            [sys.executable, "-m", "services.routing_cli", "--file", path, *args],
             capture_output=True,
             text=True,
             cwd=ROOT,

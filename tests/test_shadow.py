@@ -23,19 +23,18 @@ from common.feature_runner_api import ModelRunnerUnavailable, PredictBatch
 from common.feature_tensor import LAYOUT, PREMEAN
 from services.answer import MULTILABEL_THRESHOLD
 from services.prediction import PredictionCore
+from services.promotion import PromotionBar, PromotionRefused, require_agreement
 from services.protocol import PredictRequest
-from services.routing import InvalidShadow, RoutingTable, Shadow, main, parse_table
-from services.shadow import (
+from services.routing import InvalidShadow, RoutingTable, Shadow, parse_table
+from services.routing_cli import main
+from services.shadow import ShadowCanary
+from services.shadow_stats import (
     DIFF_EDGES,
     LogHistogram,
     PairStats,
-    PromotionBar,
-    PromotionRefused,
-    ShadowCanary,
     compare,
     load_stats,
     merge_stats,
-    require_agreement,
     worker_stats_path,
 )
 from tests.virtual_time import run

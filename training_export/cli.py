@@ -88,7 +88,8 @@ def train_and_save(snapshot: GraphSnapshot, args: argparse.Namespace) -> dict[st
     cfg = _model_config(snapshot, args)
     spec = TrainSpec(epochs=args.epochs, max_train_nodes=args.max_train_nodes)
     baseline = train_features_only(snapshot, cfg, spec)
-    model, metrics = train_graphsage(snapshot, cfg, spec)
+    model, scores = train_graphsage(snapshot, cfg, spec)
+    metrics: dict[str, Any] = dict(scores)
     metrics["features_only_val_score"] = baseline["val_score"]
     metrics["features_only_test_score"] = baseline["test_score"]
     metrics["metric"] = "accuracy" if cfg.task == "multiclass" else "micro_f1"
@@ -207,7 +208,7 @@ def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             paths = export_all(to_dense(model), tmp)
             rows[aggregator] = check_parity(
-                model, paths[0], snapshot, count=args.targets, premean_path=(paths[1:] or [None])[0]
+                model, paths[0], snapshot, count=args.targets, premean_path=paths[1] if len(paths) > 1 else None
             )
         _log(
             f"{aggregator:5s} max|diff| torch={rows[aggregator]['max_abs_diff_torch']:.2e} "

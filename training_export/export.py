@@ -257,7 +257,9 @@ def export_and_verify(
     version saved at FP32 only."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_all(to_dense(model), tmp)
-        parity = check_parity(model, paths[0], snapshot, count=parity_count, premean_path=(paths[1:] or [None])[0])
+        parity = check_parity(
+            model, paths[0], snapshot, count=parity_count, premean_path=paths[1] if len(paths) > 1 else None
+        )
         probe = make_probe(model, snapshot)
         figures = None
         if int8 and parity["passed"]:
@@ -269,7 +271,7 @@ def export_and_verify(
             except QuantizationRefused as exc:
                 figures = exc.figures
                 _log(f"{exc}\nthe version is saved at FP32 only")
-        np.savez(os.path.join(tmp, PROBE_FILE), **probe)
+        np.savez(os.path.join(tmp, PROBE_FILE), **probe)  # type: ignore[arg-type]  # numpy's stub: allow_pickle
         tag = save_model(model, snapshot.tag, metrics, parity, onnx_dir=tmp, int8=figures)
     return tag, parity
 

@@ -61,7 +61,7 @@ def feature_tensors(
     snapshot: GraphSnapshot, cfg: ModelConfig, nodes: np.ndarray, batch: int, seed: int, layout: str
 ) -> list[Tensors]:
     """``nodes`` in batches as the FeatureRunner sends them: (rows, index, premean inputs or None)."""
-    out = []
+    out: list[Tensors] = []
     for n, lo in enumerate(range(0, nodes.size, batch)):
         targets = nodes[lo : lo + batch]
         tree = sample_tree(snapshot.indptr, snapshot.indices, targets, cfg.fanout, seed=seed + n)
@@ -246,7 +246,7 @@ def quantize_and_guard(
                 }
             )
             fig["passed"] = bool(fig["passed"] and points <= guard_points)
-            if probe_t is not None:
+            if probe is not None and probe_t is not None:
                 probe[f"int8_probs_{prefix}{rt}"] = int8_runner(probe_t)[1]
     figures["seconds"] = round(time.perf_counter() - started, 1)
     if not any(f["passed"] for f in figures["runtimes"].values()):

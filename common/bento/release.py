@@ -66,7 +66,8 @@ def containerize(bento_tag: str, backend: str, image_tags: tuple[str, ...], **op
     os.chdir(tempfile.gettempdir())
     try:
         # build() logs a failure and returns None; success returns the builder's output.
-        return bentoml.container.build(bento_tag, backend=backend, image_tag=image_tags, **options) is not None
+        built = bentoml.container.build(bento_tag, backend=backend, image_tag=image_tags, **options)  # type: ignore[call-overload]
+        return built is not None
     finally:
         os.chdir(prev)
         log.removeHandler(handler)

@@ -33,7 +33,8 @@ _installed = False
 
 async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] not in ("http", "websocket"):
-        return await self.app(scope, receive, send)
+        await self.app(scope, receive, send)
+        return
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
     timer = loop.call_later(self.timeout, self._set_timer_out, waiter)
@@ -60,7 +61,8 @@ async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: An
 
 async def _concurrency_call(self: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] not in ("http", "websocket") or scope["path"] in self.skip_paths:
-        return await self.app(scope, receive, send)
+        await self.app(scope, receive, send)
+        return
     if self._semaphore.locked():
         return await send_error(
             send, ApiError(503, "too many requests in flight here; retry shortly", retry_after(1.0), type="overloaded")

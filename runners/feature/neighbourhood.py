@@ -156,9 +156,11 @@ class NeighbourhoodBuilder:
         premean_trees: dict[int, PremeanTree] = {}
         for i, r in enumerate(requests):
             if r.premean:  # sampled on its own: the last hop only for its distinct entries
-                tree = PremeanTree.sample(base.indptr, base.indices, r.node_ids, r.fanout, _seeds_of(r), overlay)
-                if tree.last_rows.size:
-                    premean_trees[i] = tree
+                premean_tree = PremeanTree.sample(
+                    base.indptr, base.indices, r.node_ids, r.fanout, _seeds_of(r), overlay
+                )
+                if premean_tree.last_rows.size:
+                    premean_trees[i] = premean_tree
                     continue
                 # No entry (no target has a neighbour): nothing to premean, and the model's
                 # premean graph needs one; the level layout carries the same tree.
@@ -214,7 +216,7 @@ class NeighbourhoodBuilder:
 
 
 def _valid_seed(seed: object) -> bool:
-    return isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and 0 <= seed < 2**63
+    return isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and bool(0 <= seed < 2**63)
 
 
 def _seeds_of(request: FeatureRequest) -> np.ndarray:

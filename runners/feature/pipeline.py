@@ -271,7 +271,9 @@ class FeaturePipeline:
         )
         meta, arrays = answer.unpack()
         explanation = explain(ft, variants, arrays["probs"], meta.get("task") == "multilabel")
-        ours = {k: arrays[k][: variants.originals] for k in ("logits", "probs", "embedding") if k in arrays}
+        ours: dict[str, np.ndarray] = {
+            k: arrays[k][: variants.originals] for k in ("logits", "probs", "embedding") if k in arrays
+        }
         return wire.Packed.of({**ours, **explanation.arrays()}, meta)
 
     async def _infer(self, call: InferCall, budget: WaitBudget) -> wire.Packed:

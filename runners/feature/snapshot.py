@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,7 +147,7 @@ def read_arrays(directory: str, mmap: bool = True) -> dict[str, np.ndarray]:
     ndarray view of its mapping (which it keeps open): slicing an ``np.memmap`` builds a memmap
     object per slice, several times the cost of an ndarray slice over the same pages, and the
     overlay and the validation of updates slice one neighbour list per op."""
-    mode = "r" if mmap else None
+    mode: Literal["r"] | None = "r" if mmap else None
     names = [*ARRAYS, *(n for n in OPTIONAL_ARRAYS if os.path.exists(os.path.join(directory, f"{n}.npy")))]
     return {name: np.asarray(np.load(os.path.join(directory, f"{name}.npy"), mmap_mode=mode)) for name in names}
 

@@ -98,7 +98,7 @@ class OnnxBackend:
         # for float16 rows (the default transport): numpy's float16 -> float32 conversion was a
         # visible cost on bulk batches; ONNX Runtime's is vectorised. Exact. No benchmark compares
         # the two (bench/bench_premean.py times decode + run_batch on float16 rows, Cast included).
-        self._sessions = {}
+        self._sessions: dict[tuple[str, type[np.floating[Any]]], Any] = {}
         for layout, path in artifacts.onnx_graphs(precision).items():
             self._sessions[layout, np.float32] = ort.InferenceSession(path, sess_options=opts, providers=providers)
             self._sessions[layout, np.float16] = ort.InferenceSession(
@@ -312,7 +312,9 @@ def check_probe(backend: Backend, artifacts: ModelArtifacts) -> dict[str, Any]:
     with np.load(artifacts.probe_path) as z:
         probe = {k: z[k] for k in z.files}
     levels = artifacts.config.num_layers + 1
-    cases = [("levels", probe["features"], [probe[f"idx{d}"] for d in range(levels)], None)]
+    cases: list[tuple[str, Any, list[Any], tuple[Any, Any] | None]] = [
+        ("levels", probe["features"], [probe[f"idx{d}"] for d in range(levels)], None)
+    ]
     if backend.supports_premean and "pm_features" in probe:
         cases.append(
             (

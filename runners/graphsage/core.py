@@ -23,6 +23,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from common import wire
 from common.batching import AdaptiveBatcher, BatchStats
 from common.errors import ApiError
@@ -115,7 +117,7 @@ class ModelRunnerCore:
         check_compatible(loaded, call.tensor)  # IncompatibleInput: 422
         result = await self.batcher.submit(InferenceItem(loaded.artifacts.tag, call.tensor, call.embedding, loaded))
         self._observer.answered(result["model"], result["backend"])
-        arrays = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
+        arrays: dict[str, np.ndarray] = {k: result[k] for k in ("logits", "probs", "embedding") if k in result}
         return wire.Packed.of(arrays, {k: result[k] for k in ANSWER_META})
 
     async def load(self, request: LoadRequest) -> ModelInfo:

@@ -33,6 +33,8 @@ bytes (the last hop holds most rows), no gather over them, and level L-1 compute
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -128,7 +130,8 @@ class DenseGraphSAGE(nn.Module):
 
         h = [features[ids] for ids in real]
         embedding = h[0]
-        for layer_no, conv in enumerate(self.convs):
+        for layer_no, module in enumerate(self.convs):
+            conv = cast(DenseSAGELayer, module)
             out = []
             for d in range(len(self.convs) - layer_no):
                 if layer_no == 0 and last_mean is not None and d == len(self.convs) - 1:

@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,8 @@ from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from common.model_runner_api import UnknownVersion
 from runners.graphsage.backends import Backend, load_backend
 from runners.graphsage.model_artifacts import ModelArtifacts, load_artifacts
+
+log = logging.getLogger("graphsage.model")
 
 
 class IncompatibleInput(KindOfError):
@@ -103,6 +107,12 @@ class ModelRegistry:
                 self._aliases[tag] = artifacts.tag
             return loaded
 
+    def preload(self, tags: Sequence[str]) -> None:
+        """Load the versions a process serves from its start (``GSAGE_MODEL_TAGS``)."""
+        for tag in tags:
+            loaded = self.load(tag)
+            log.info("loaded %s (%s)", loaded.artifacts.tag, loaded.backend.name)
+
     def register(self, artifacts: ModelArtifacts) -> LoadedModel:
         """Serve these artifacts under their tag (idempotent); ``load`` finds them in the store."""
         with self._lock:
@@ -172,8 +182,8 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
     features = tensors[0].features if len(tensors) == 1 else np.concatenate([t.features for t in tensors])
     if features.dtype != np.float16:
         features = features.astype(np.float32, copy=False)
-    offsets = np.cumsum([0] + [t.features.shape[0] for t in tensors[:-1]])
-    entry_offsets = np.cumsum([0] + [t.last_rows.size for t in tensors[:-1]]) if premean else offsets
+    offsets = np.cumsum(np.array([0] + [t.features.shape[0] for t in tensors[:-1]]))
+    entry_offsets = np.cumsum(np.array([0] + [_entries(t) for t in tensors[:-1]])) if premean else offsets
     index, last = [], len(tensors[0].index) - 1
     for depth in range(last + 1):
         parts = []
@@ -187,10 +197,15 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
     bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
     extra = None
     if premean:
-        last_rows = np.concatenate([t.last_rows + np.int32(off) for t, off in zip(tensors, offsets)])
-        last_mean = tensors[0].last_mean if len(tensors) == 1 else np.concatenate([t.last_mean for t in tensors])
+        rows = [(t.last_rows, t.last_mean) for t in tensors if t.last_rows is not None and t.last_mean is not None]
+        last_rows = np.concatenate([r + np.int32(off) for (r, _), off in zip(rows, offsets)])
+        last_mean = rows[0][1] if len(rows) == 1 else np.concatenate([m for _, m in rows])
         extra = (last_rows.astype(np.int32, copy=False), last_mean.astype(features.dtype, copy=False))
     return Batch(features, index, extra, bounds)
+
+
+def _entries(tensor: FeatureTensor) -> int:
+    return 0 if tensor.last_rows is None else int(tensor.last_rows.size)
 
 
 def run_batch(registry: ModelRegistry, items: list[InferenceItem]) -> list[dict[str, Any]]:

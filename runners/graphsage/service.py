@@ -34,9 +34,7 @@ class GraphSAGERunner:
     def __init__(self) -> None:
         cfg = settings()
         registry = ModelRegistry(cfg.backend, cfg.intra_op_threads, cfg.precision)
-        for tag in cfg.model_tags:
-            loaded = registry.load(tag)
-            log.info("GraphSAGERunner: loaded %s (%s)", loaded.artifacts.tag, loaded.backend.name)
+        registry.preload(cfg.model_tags)
         self.core = ModelRunnerCore(registry, AdminState.for_this_service(), cfg.model_runner, PrometheusObserver())
         _core.set(self.core)
         service_started()

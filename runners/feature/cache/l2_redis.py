@@ -65,8 +65,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 from redis.asyncio import Redis, RedisCluster
@@ -260,7 +260,7 @@ class RedisFeatureLevel:
 
     async def _mget(self, keys: list[bytes]) -> list[bytes | None]:
         if not self.cluster:
-            return await self._client.mget(keys)
+            return cast(list[bytes | None], await self._client.mget(keys))
         await self._client.initialize()  # no-op once the slot map is known
         if self._scripts_enabled():
             groups = self._by_master(keys)
@@ -276,12 +276,12 @@ class RedisFeatureLevel:
                     for p, value in zip(pos, reply):
                         values[p] = value
                 return values
-        return await self._client.mget_nonatomic(keys)
+        return cast(list[bytes | None], await cast(RedisCluster, self._client).mget_nonatomic(keys))
 
     def _scripts_enabled(self) -> bool:
         return self._use_scripts and self._clock() >= self._scripts_paused_until
 
-    async def _run_scripts(self, calls: list[Awaitable[Any]]) -> list[Any] | None:
+    async def _run_scripts(self, calls: Sequence[Awaitable[Any]]) -> list[Any] | None:
         """The scripts' replies, or None when Redis refused a script (this request then takes the
         plain path); an outage is raised as it is."""
         try:
@@ -305,7 +305,7 @@ class RedisFeatureLevel:
 
     def _by_master(self, keys: list[bytes]) -> list[tuple[ClusterNode, list[int]]]:
         """Positions of ``keys`` grouped by the master that owns their slot."""
-        node_of_slot = self._client.nodes_manager.get_node_from_slot
+        node_of_slot = cast(RedisCluster, self._client).nodes_manager.get_node_from_slot
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}
         for pos, slot in enumerate(map(key_slot, keys)):
             node = node_of_slot(slot)
@@ -318,12 +318,12 @@ class RedisFeatureLevel:
     def _decode(self, values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
         n = len(values)
         try:
-            every_row_whole = set(map(len, values)) == {self.row_bytes}  # the common, all-hit case
+            every_row_whole = set(map(len, values)) == {self.row_bytes}  # type: ignore[arg-type]  # None: TypeError
         except TypeError:  # a miss (None)
             every_row_whole = False
         if every_row_whole:
             self.hits += n
-            rows = np.frombuffer(b"".join(values), dtype=WIRE_DTYPE).astype(ROW_DTYPE, copy=False)  # type: ignore[arg-type]
+            rows = np.frombuffer(b"".join(cast(list[bytes], values)), dtype=WIRE_DTYPE).astype(ROW_DTYPE, copy=False)
             return np.ones(n, dtype=bool), rows.reshape(n, self.dim)
         lengths = np.fromiter(map(_len_or_missing, values), dtype=np.int64, count=n)
         found = lengths == self.row_bytes
@@ -331,7 +331,7 @@ class RedisFeatureLevel:
         self.corrupt += int(np.count_nonzero(lengths >= 0)) - n_found
         self.hits += n_found
         self.misses += n - n_found
-        payload = b"".join(itertools.compress(values, found.tolist()))
+        payload = b"".join(itertools.compress(cast(list[bytes], values), found.tolist()))
         rows = np.frombuffer(payload, dtype=WIRE_DTYPE).astype(ROW_DTYPE, copy=False)
         return found, rows.reshape(n_found, self.dim)
 

@@ -117,7 +117,7 @@ class TieredFeatureStore:
         l2_hits = 0
         asked_l2 = bool(miss.size) and self.l2 is not None
         versions = self.versions_of(ids) if self.versions_of is not None and self.l2 is not None else None
-        if asked_l2:
+        if asked_l2 and self.l2 is not None:
             found, rows = await self.l2.get(ids[miss], None if versions is None else versions[miss])
             if rows.shape[0]:
                 hit = miss[found]
