@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 BENTOML := $(VENV)/bin/bentoml
 PORT ?= 3000
 
-.PHONY: install demo-model serve test test-fast lint parity bench audit soak clean
+.PHONY: install demo-model serve serve-colocated test test-fast lint parity bench audit soak clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,12 @@ demo-model: install
 
 serve: demo-model
 	$(BENTOML) serve services.gateway:Gateway --port $(PORT)
+
+# The three services in one process (the co-located deployment: lowest latency on one machine;
+# docs/release.md): the gateway started alone runs the runners in its own worker.
+serve-colocated: demo-model
+	$(PY) -m bentoml_cli._internal.start start-http-server services.gateway:Gateway --service-name Gateway \
+	  --host 127.0.0.1 --port $(PORT)
 
 test: install
 	$(PY) -m pytest tests

@@ -74,18 +74,12 @@ def server_app() -> Callable[..., Awaitable[None]]:
     """``/infer`` echoes the body, ``/load`` answers JSON, ``/stats`` says what was received."""
     import orjson
 
+    from bench.suite.one_process import read_body
+
     seen_clients: set[tuple[str, int]] = set()
     last_headers: list[tuple[bytes, bytes]] = []
     requests = [0]
     load_answer = orjson.dumps({"tag": "graphsage:1", "input_layouts": ["full"], "backend": "onnx"})
-
-    async def read_body(receive: Any) -> bytes:
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                return b"".join(chunks)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         path = scope["path"]

@@ -322,5 +322,8 @@ class FeatureRunnerApi:
     async def graph_compact(self, request: CompactRequest) -> dict[str, Any]:
         return await self.transport.call(GRAPH_COMPACT, request)
 
+    async def start(self) -> None:
+        await self.transport.start()
+
     async def close(self) -> None:
         await self.transport.close()

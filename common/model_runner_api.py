@@ -142,5 +142,8 @@ class ModelRunnerApi:
     async def models(self) -> ModelsReport:
         return await self.transport.call(MODELS, None)
 
+    async def start(self) -> None:
+        await self.transport.start()
+
     async def close(self) -> None:
         await self.transport.close()

@@ -60,7 +60,18 @@ class Transport(Protocol):
 
     async def call(self, endpoint: Endpoint[I, O], value: I) -> O: ...
 
+    async def start(self) -> None:
+        """Before the first call: a service in this process starts (a server needs nothing)."""
+
     async def close(self) -> None: ...
+
+
+class Lifecycle(Protocol):
+    """What starts and stops a service run in this process (``common.bento.dependencies``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class HttpTransport:
@@ -88,6 +99,9 @@ class HttpTransport:
 
     def __repr__(self) -> str:
         return f"HttpTransport({self.name!r}, {self.url!r})"
+
+    async def start(self) -> None:
+        return None
 
     def _open(self) -> Any:
         import aiohttp
@@ -148,17 +162,25 @@ class HttpTransport:
 
 
 class LocalTransport:
-    """A service's core in this process, behind the same interface."""
+    """A service's core in this process, behind the same interface. ``lifecycle``: what starts
+    and stops the service (its startup and shutdown hooks, which BentoML runs only for the
+    service a process was started for); ``start`` and ``close`` run it."""
 
-    def __init__(self, name: str, core: Any) -> None:
+    def __init__(self, name: str, core: Any, lifecycle: Lifecycle | None = None) -> None:
         self.name = name
         self.core = core
+        self._lifecycle = lifecycle
 
     async def call(self, endpoint: Endpoint[I, O], value: I) -> O:
         return await endpoint.call(self.core, value)
 
+    async def start(self) -> None:
+        if self._lifecycle is not None:
+            await self._lifecycle.start()
+
     async def close(self) -> None:
-        return None
+        if self._lifecycle is not None:
+            await self._lifecycle.stop()
 
 
 class WaitBudget:

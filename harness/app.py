@@ -10,12 +10,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from common.service_auth import ServiceTokens, ensure_shared_token
 from common.settings import load_settings
 from harness.load import Outcomes, answer_outcome, closed_loop
 from harness.ports import free_port
 from harness.processes import ROOT, ServiceProcess
+
+AppT = TypeVar("AppT", "SplitApp", "ColocatedApp")
 
 
 def run_export(home: str, *args: str) -> dict:
@@ -125,6 +128,25 @@ class SplitApp:
         return "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in (self.gateway, self.feature, self.model))
 
 
+class ColocatedApp:
+    """The three services in one process: the gateway started with no ``--depends`` runs the
+    FeatureRunner and the GraphSAGERunner in its own worker (``common.bento.dependencies``)."""
+
+    def __init__(self, home: str, env: dict[str, str] | None = None, log_dir: str | None = None) -> None:
+        self.env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
+        self.gateway = Service("Gateway", free_port(), self.env, log_dir=log_dir)
+
+    def start(self) -> ColocatedApp:
+        self.gateway.start()
+        return self
+
+    def stop(self) -> None:
+        self.gateway.stop()
+
+    def logs(self) -> str:
+        return self.gateway.log_tail(4000)
+
+
 async def answers_under_load(
     url: str,
     headers: dict[str, str],
@@ -142,7 +164,7 @@ async def answers_under_load(
 
 
 @contextlib.contextmanager
-def running(app: SplitApp) -> Iterator[SplitApp]:
+def running(app: AppT) -> Iterator[AppT]:
     app.start()
     try:
         yield app

@@ -143,6 +143,12 @@ class Gateway:
         service_started()
 
     @bentoml.on_startup
+    async def start(self) -> None:
+        """The runners, where they run in this process (co-located), then the gRPC front end."""
+        await self.core.admin.model.start()
+        await self.core.admin.feature.start()
+        await self.start_grpc()
+
     async def start_grpc(self) -> None:
         cfg = self.settings
         if cfg.grpc_port <= 0:

@@ -249,6 +249,23 @@ def test_three_containers_from_the_release_image(image, tmp_path, capsys):
         assert not attack.not_4xx, attack.not_4xx[:10]
         report["pickle_attack"] = {"sent": attack.sent, "statuses": dict(sorted(attack.statuses.items()))}
 
+        # 3c. The co-located deployment from the same image (docs/release.md, 3b): the
+        # FeatureRunner's pod (the models, the token, its settings) started as the gateway alone,
+        # with no --depends, runs the three services in one container; the same seed, the same answer.
+        colo_port = free_port()
+        colo = spec_from_k8s(
+            docs, "feature-runner", name=f"gsage-colocated-{os.getpid()}", image=IMAGE, volumes=volumes("colocated")
+        )
+        colo.env.update(here, GSAGE_GRPC_PORT="0")
+        colo.args = ["start-http-server", "--service-name", "Gateway", "--host", LOOPBACK, "--port", str(colo_port)]
+        colocated_c = pods.run(colo)
+        cold["colocated"] = round(colocated_c.wait_ready(f"http://{LOOPBACK}:{colo_port}", READY_TIMEOUT_S), 1)
+        r2 = httpx.post(f"http://{LOOPBACK}:{colo_port}/predict", json={"node_ids": ids, "seed": 5}, timeout=30)
+        assert r2.status_code == 200, (r2.text, colocated_c.logs())
+        assert r2.json()["model"] == v1
+        assert [p["label"] for p in r2.json()["predictions"]] == [p["label"] for p in body["predictions"]]
+        colocated_c.remove()
+
         # 4. A new version: trained on the packed snapshot (a training machine: this venv, torch),
         # exported, and imported into the runners' store by the model-admin Job (jobs/model-admin.yaml).
         t_canary = time.monotonic()

@@ -2,11 +2,15 @@
 
     python -m bench.suite.ab [--concurrency 1] [--nodes 1] [--rounds 6] [--window 4]
                              [--variant GSAGE_X=1,GSAGE_Y=2] [--variant-model-runner]
-                             [--variant-code REF] [--no-redis-side] [--baseline B1|B2|none]
+                             [--variant-code REF] [--no-redis-side] [--colocated]
+                             [--baseline B1|B2|B5|none]
 
 Sides, each its own processes (split ``start-http-server``, as the suite starts them): ``app`` (the
 suite's configuration: L1 at 10% of the features, Redis for L2), ``noredis`` (the same without
-Redis), ``variant`` (the app with ``--variant``'s environment, when given) and the baseline. The
+Redis), ``colocated`` (with ``--colocated``: the app's three services in one process, the gateway
+started alone), ``variant`` (the app with ``--variant``'s environment, when given) and the baseline (B1
+and B2: BentoML services that do no work, ``bench.suite.trivial_services``; B5: the app's work in
+one process behind uvicorn, ``bench.suite.one_process``, with the app's environment). The
 FeatureRunner + gateway pairs share one model runner (``--variant-model-runner``: the variant
 starts its own, with its environment, for a variant that changes the model runner). ``--variant-code
 REF``: the variant's three services (its own model runner too) run the product code of commit REF
@@ -54,6 +58,8 @@ def sides(
         out["noredis"] = procs.real_app(
             "app-noredis", HOME_100K, {**env, "GSAGE_REDIS_URL": ""}, suite.logs, model=model
         )
+    if args.colocated:
+        out["colocated"] = procs.colocated_app("app-colocated", HOME_100K, env, suite.logs)
     if args.variant or variant_code is not None:
         own_model = args.variant_model_runner or variant_code is not None
         out["variant"] = procs.real_app(
@@ -68,6 +74,8 @@ def sides(
         out["B1"] = procs.trivial_app(HOME_100K, suite.logs)
     elif args.baseline == "B2":
         out["B2"] = procs.trivial_single(HOME_100K, suite.logs)
+    elif args.baseline == "B5":
+        out["B5"] = procs.one_process(HOME_100K, env, suite.logs)
     return out
 
 
@@ -157,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         help="the variant's services (its own model runner too) run the product code of git commit REF",
     )
     p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
-    p.add_argument("--baseline", choices=("B1", "B2", "none"), default="B1")
+    p.add_argument(
+        "--colocated", action="store_true", help="a side with the three services in one process (the gateway alone)"
+    )
+    p.add_argument("--baseline", choices=("B1", "B2", "B5", "none"), default="B1")
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gsage-ab"), help="service logs")
     args = p.parse_args(argv)
     if args.variant:

@@ -8,11 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from harness.ports import free_port
-from harness.processes import ServiceProcess
+from harness.processes import HOST, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where the services run from (their cwd, so their imports): the checkout, or a snapshot of it
@@ -104,6 +105,7 @@ def _copy_grpc_stubs(dest: str) -> None:
 APP = "services.gateway:Gateway"
 TRIVIAL = "bench.suite.trivial_services:TrivialGateway"
 TRIVIAL_SINGLE = "bench.suite.trivial_services:TrivialSingle"
+ONE_PROCESS = "bench.suite.one_process:app"
 
 
 class Proc(ServiceProcess):
@@ -225,6 +227,13 @@ def real_app(
     return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
 
 
+def colocated_app(name: str, home: str, env: dict[str, str], log_dir: str) -> Topology:
+    """The three services in one process: the gateway started with no ``--depends`` runs the
+    runners in its own worker (``common.bento.dependencies``, the co-located deployment)."""
+    gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway")
+    return Topology(name, {"gateway": gateway}, "gateway")
+
+
 def trivial_app(home: str, log_dir: str) -> Topology:
     model = Proc(TRIVIAL, "TrivialModel", home, {}, log_dir, label="b1-model")
     feature = Proc(
@@ -246,3 +255,27 @@ def trivial_single(home: str, log_dir: str) -> Topology:
     return Topology(
         "B2", {"single": Proc(TRIVIAL_SINGLE, "TrivialSingle", home, {}, log_dir, label="b2-single")}, "single"
     )
+
+
+class AsgiProc(Proc):
+    """A plain ASGI app under uvicorn (B5), started, scraped and stopped as the services are."""
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            self.target,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
+
+
+def one_process(home: str, env: dict[str, str], log_dir: str) -> Topology:
+    """B5: the app's work in one process (``bench.suite.one_process``), with the app's settings."""
+    return Topology("B5", {"one": AsgiProc(ONE_PROCESS, "OneProcess", home, env, log_dir, label="b5")}, "one")

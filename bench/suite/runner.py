@@ -394,16 +394,21 @@ class Suite:
             out["gateway_server"] = d(
                 before["single"], after["single"], "bentoml_service_request_duration_seconds", endpoint="/predict"
             )
-        if "feature" in after:
-            f0, f1 = before["feature"], after["feature"]
-            out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/predict")
+        # Co-located (the gateway alone): the runners' stages are in the gateway's own /metrics.
+        feature = "feature" if "feature" in after else "gateway" if "gateway" in after else None
+        model = "model" if "model" in after else "gateway" if "gateway" in after else None
+        if feature is not None:
+            f0, f1 = before[feature], after[feature]
+            if feature == "feature":
+                out["feature_server"] = d(f0, f1, "bentoml_service_request_duration_seconds", endpoint="/predict")
             for st in STAGES:
                 out[f"feature_{st}"] = d(f0, f1, "feature_stage_seconds", stage=st)
             out["feature_batch_targets"] = d(f0, f1, "feature_batch_targets")
             out["feature_bytes"] = d(f0, f1, "feature_response_bytes")
-        if "model" in after:
-            m0, m1 = before["model"], after["model"]
-            out["model_server"] = d(m0, m1, "bentoml_service_request_duration_seconds", endpoint="/infer")
+        if model is not None:
+            m0, m1 = before[model], after[model]
+            if model == "model":
+                out["model_server"] = d(m0, m1, "bentoml_service_request_duration_seconds", endpoint="/infer")
             out["model_queue"] = d(m0, m1, "graphsage_queue_seconds")
             out["model_compute"] = d(m0, m1, "graphsage_compute_seconds")
             out["model_batch_targets"] = d(m0, m1, "graphsage_batch_targets")

@@ -142,7 +142,8 @@ class FeaturePipeline:
 
     async def start(self) -> None:
         """Bring the graph up to date before serving (a restart: snapshot + the log after it),
-        then follow the update log."""
+        then follow the update log. The model runner first, where it runs in this process."""
+        await self.model.start()
         await self.keeper.start()
         log.info("graph at update %d (%s)", self.graph.sequence, self.update_log)
         check = getattr(self.update_log, "check_durability", None)
