@@ -127,6 +127,10 @@ def compare(primary: np.ndarray, shadow: np.ndarray, multilabel: bool) -> Compar
     return Comparison(p_label == s_label, diff, p_label, s_label, False, primary.shape[1])
 
 
+# The plain fields of ``PairStats``, written to and read from a stats file as they are.
+SCALAR_FIELDS = ("requests", "predictions", "agreed", "dropped", "failed", "incompatible", "last_error", "task")
+
+
 @dataclasses.dataclass(eq=False)
 class PairStats:
     """The figures of one (primary, shadow) pair; ``requests`` counts compared requests,
@@ -230,19 +234,7 @@ class PairStats:
     def to_json(self) -> dict[str, Any]:
         """Everything, for a stats file (``from_json`` reads it back)."""
         return {
-            **{
-                name: getattr(self, name)
-                for name in (
-                    "requests",
-                    "predictions",
-                    "agreed",
-                    "dropped",
-                    "failed",
-                    "incompatible",
-                    "last_error",
-                    "task",
-                )
-            },
+            **{name: getattr(self, name) for name in SCALAR_FIELDS},
             "confusion": self.confusion.tolist() if self.confusion is not None else None,
             "diff": self.diff.to_json(),
             "primary_latency": self.primary_latency.to_json(),
@@ -251,21 +243,7 @@ class PairStats:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PairStats:
-        s = cls(
-            **{
-                name: doc[name]
-                for name in (
-                    "requests",
-                    "predictions",
-                    "agreed",
-                    "dropped",
-                    "failed",
-                    "incompatible",
-                    "last_error",
-                    "task",
-                )
-            }
-        )
+        s = cls(**{name: doc[name] for name in SCALAR_FIELDS})
         if doc.get("confusion") is not None:
             s.confusion = np.asarray(doc["confusion"], dtype=np.int64)
         s.diff = LogHistogram.from_json(DIFF_EDGES, doc["diff"])

@@ -197,11 +197,18 @@ def merge(tensors: list[FeatureTensor], fanout: tuple[int, ...]) -> Batch:
     bounds = list(np.cumsum([0] + [t.num_targets for t in tensors]))
     extra = None
     if premean:
-        rows = [(t.last_rows, t.last_mean) for t in tensors if t.last_rows is not None and t.last_mean is not None]
+        rows = [_premean_parts(t) for t in tensors]
         last_rows = np.concatenate([r + np.int32(off) for (r, _), off in zip(rows, offsets)])
         last_mean = rows[0][1] if len(rows) == 1 else np.concatenate([m for _, m in rows])
         extra = (last_rows.astype(np.int32, copy=False), last_mean.astype(features.dtype, copy=False))
     return Batch(features, index, extra, bounds)
+
+
+def _premean_parts(tensor: FeatureTensor) -> tuple[np.ndarray, np.ndarray]:
+    """A premean tensor's ``last_rows`` and ``last_mean`` (both or neither: ``common.feature_tensor``)."""
+    if tensor.last_rows is None or tensor.last_mean is None:
+        raise ValueError("a batch holds tensors of one layout")
+    return tensor.last_rows, tensor.last_mean
 
 
 def _entries(tensor: FeatureTensor) -> int:
