@@ -70,6 +70,7 @@ Count = Annotated[int, Field(ge=1)]
 Backend = Literal["onnx", "onnx-cuda", "openvino", "torch", "tensorrt"]
 Precision = Literal["fp32", "int8"]
 GraphLogChoice = Literal["auto", "file", "redis"]
+FeatureSource = Literal["snapshot", "redis"]
 TransportDtype = Literal["float32", "float16"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -139,6 +140,29 @@ class FeatureCacheSection(BaseModel):
     warm_nodes: Annotated[int, Field(ge=0)] = Field(0, description="hottest nodes (by degree) preloaded into L1/L2")
     scan_min_targets: Annotated[int, Field(ge=0)] = Field(
         64, description="feature batches this large are scans: the snapshot only, no cache read or fill (0: off)"
+    )
+
+
+class FeatureSourceSection(BaseModel):
+    feature_source: FeatureSource = Field(
+        "snapshot",
+        description="where feature rows come from: the snapshot's `features.npy` (mapped by every FeatureRunner), "
+        "or `redis`: a Redis Cluster that `python -m training_export load-features` filled (no worker maps the rows)",
+    )
+    feature_redis_url: Annotated[str, AfterValidator(_redis_url)] = Field(
+        "", description="the feature cluster, `redis+cluster://host:port` (empty: `GSAGE_REDIS_URL`)"
+    )
+    feature_read_timeout_s: Positive = Field(0.25, description="one read of the feature cluster's rows")
+    feature_write_timeout_s: Positive = Field(
+        2.0, description="one write of an update's rows (with its replicas' `WAIT`)"
+    )
+    feature_failover_wait_s: NonNegative = Field(
+        5.0,
+        description="reads and writes retry this long while the feature cluster fails over (then 503); "
+        "above the cluster's `cluster-node-timeout`",
+    )
+    feature_write_replicas: Annotated[int, Field(ge=0)] = Field(
+        1, description="replicas of a master that must hold an update's rows before it is acknowledged (0: none)"
     )
 
 
@@ -355,6 +379,7 @@ SECTIONS: tuple[type[BaseModel], ...] = (
     SamplingSection,
     RedisSection,
     FeatureCacheSection,
+    FeatureSourceSection,
     FeatureTensorSection,
     LiveGraphSection,
     ModelRunnerSection,
@@ -395,6 +420,7 @@ class Settings(
     ModelRunnerSection,
     LiveGraphSection,
     FeatureTensorSection,
+    FeatureSourceSection,
     FeatureCacheSection,
     RedisSection,
     SamplingSection,
@@ -424,6 +450,8 @@ class Settings(
     def _consistent(self) -> Settings:
         if self.auth_enabled and not self.api_keys_file:
             raise ValueError("GSAGE_AUTH_ENABLED is on but GSAGE_API_KEYS_FILE is empty")
+        if self.feature_source == "redis" and not self.feature_cluster_url:
+            raise ValueError("GSAGE_FEATURE_SOURCE=redis needs GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
         if self.graph_log == "redis" and not self.graph_log_url:
             raise ValueError("GSAGE_GRAPH_LOG=redis needs GSAGE_GRAPH_LOG_REDIS_URL or GSAGE_REDIS_URL")
         if self.shadow_batch_nodes > self.coalesce_max_nodes:
@@ -457,6 +485,10 @@ class Settings(
     @property
     def feature_cache(self) -> FeatureCacheSection:
         return self.section(FeatureCacheSection)
+
+    @property
+    def feature_source_section(self) -> FeatureSourceSection:
+        return self.section(FeatureSourceSection)
 
     @property
     def feature_tensor(self) -> FeatureTensorSection:
@@ -509,6 +541,11 @@ class Settings(
         """The most nodes one FeatureRunner call may carry: a client's request, or the gateway's
         merge of several."""
         return max(self.max_nodes_per_request, self.coalesce_max_nodes)
+
+    @property
+    def feature_cluster_url(self) -> str:
+        """The Redis (Cluster) that holds the feature rows when ``feature_source`` is ``redis``."""
+        return self.feature_redis_url or self.redis_url
 
     @property
     def graph_log_url(self) -> str:

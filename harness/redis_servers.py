@@ -238,6 +238,8 @@ class RedisCluster3:
                     + result.stderr.decode(errors="replace")[-2000:]
                 )
             self.wait_state("ok", timeout)
+            if self.replicas:
+                self.wait_replicas_synced(timeout)
         except BaseException:
             self.stop()
             raise
@@ -267,6 +269,41 @@ class RedisCluster3:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"cluster not {want!r} after {timeout}s: {seen}")
+
+    def wait_replicas_synced(self, timeout: float = CLUSTER_TIMEOUT_S) -> None:
+        """Wait until every running replica's link to its master is up (its first full sync
+        done): before that, a ``WAIT`` for one replica cannot succeed."""
+        deadline = time.monotonic() + timeout
+        pending: list[int] = []
+        while time.monotonic() < deadline:
+            pending = []
+            for node in self.nodes:
+                if node.proc is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    info = raw_command(node.port, "INFO", "replication").decode(errors="replace")
+                    if "role:slave" in info and "master_link_status:up" not in info:
+                        pending.append(node.port)
+            if not pending:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"replicas on ports {pending} not synced with their masters after {timeout}s")
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        """The running node that serves ``slot`` now (it changes with a failover)."""
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with contextlib.suppress(OSError):
+                for line in raw_command(node.port, "CLUSTER", "NODES").decode(errors="replace").splitlines():
+                    fields = line.split()
+                    if len(fields) < 8 or "master" not in fields[2] or "fail" in fields[2] or "myself" not in fields[2]:
+                        continue
+                    for part in fields[8:]:
+                        lo, _, hi = part.partition("-")
+                        if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                            return node
+        raise LookupError(f"no running master serves slot {slot}")
 
     def roles(self) -> dict[int, str]:
         """Port -> "master" or "slave", as the running nodes report themselves."""

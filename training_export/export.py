@@ -121,7 +121,7 @@ def _sampled_reference(
     unique, index = compact(tree)
     feats = np.ascontiguousarray(snapshot.features[unique], dtype=np.float32)
     with torch.no_grad():
-        ref, _ = model(*mfg_tensors(tree, snapshot.features))
+        ref, _ = model(*mfg_tensors(tree, snapshot.feature_rows()))
     return targets, feats, index, ref
 
 

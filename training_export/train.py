@@ -71,7 +71,7 @@ def predict_graphsage(
     with torch.no_grad():
         for i, batch in enumerate(_batches(nodes, batch_size, None)):
             tree = sample_tree(snapshot.indptr, snapshot.indices, batch, model.cfg.fanout, seed=seed + i)
-            logits, _ = model(*mfg_tensors(tree, snapshot.features))
+            logits, _ = model(*mfg_tensors(tree, snapshot.feature_rows()))
             out.append(logits.numpy())
     return np.concatenate(out) if out else np.zeros((0, model.cfg.num_classes), np.float32)
 
@@ -98,7 +98,7 @@ def train_graphsage(
         )
         for batch in bar:
             tree = sample_tree(snapshot.indptr, snapshot.indices, batch, cfg.fanout, seed=spec.seed * 1_000_003 + step)
-            logits, _ = model(*mfg_tensors(tree, snapshot.features))
+            logits, _ = model(*mfg_tensors(tree, snapshot.feature_rows()))
             loss = loss_fn(logits, _targets(snapshot, batch))
             opt.zero_grad()
             loss.backward()

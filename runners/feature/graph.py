@@ -14,8 +14,11 @@ compaction. A touched node's list is copied once into the overlay (a hub's too: 
 never while sampling), each list in a segment of an arena with room to grow (doubling).
 
 Features: rows set by ``add_node`` / ``set_features`` live in an overlay of rows (the snapshot's
-rows are read-only); ``feature_versions`` counts the changes of each node's row so that a cache
-can key a row by (node, version) and never answer an older copy.
+rows are read-only); ``feature_versions`` gives, per node, the sequence of the update that last
+set its row, so that a cache (and the feature cluster) can key a row by (node, version) and never
+answer an older copy; every worker applies the same log and so names a row alike. Where the rows
+live in the feature cluster, ``key_versions`` is that version for any node (a compacted snapshot's
+``row_sequence`` for rows no update since has set).
 
 ``validate`` checks a whole batch against the current state with the batch's own earlier ops
 applied (an ``add_node`` then an ``add_edge`` to it is valid), without changing anything; ``apply``
@@ -35,7 +38,7 @@ import numpy as np
 
 from common.graph_ops import BY_NAME, NODE_FIELDS, OP_NAMES, BatchRejected
 from runners.feature.sampling import AdjacencyOverlay
-from runners.feature.snapshot import GraphSnapshot
+from runners.feature.snapshot import AbsentFeatures, GraphSnapshot
 
 MIN_SEGMENT = 4
 FLOAT32_MAX = 3.4e38  # a feature value past this does not fit the float32 rows
@@ -136,10 +139,41 @@ class LiveGraph:
         return out
 
     def feature_versions(self, ids: np.ndarray) -> np.ndarray | None:
-        """How often each id's row changed since the snapshot (None: no row changed at all)."""
+        """The update that last set each id's row since the snapshot, 0 for none (None: no row
+        changed at all)."""
         if self._version.size == 0:
             return None
         return self._version[np.asarray(ids, dtype=np.int64)]
+
+    def overlay_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which ``ids`` have a row set by an update since the snapshot, and those rows."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self._row_slot.size == 0:
+            return np.zeros(ids.size, dtype=bool), np.empty((0, self.feature_dim), np.float32)
+        slots = self._row_slot[ids]
+        over = slots >= 0
+        return over, self._rows[slots[over]]
+
+    def key_versions(self, ids: np.ndarray) -> np.ndarray:
+        """Each id's row version in the feature cluster: the update that last set it, else the
+        snapshot's ``row_sequence`` (0: the row as loaded)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.zeros(ids.size, np.int64)
+        base = self.base.row_sequence
+        if base is not None:
+            inside = ids < base.shape[0]
+            out[inside] = base[ids[inside]]
+        if self._version.size:
+            changed = self._version[ids]
+            out = np.where(changed > 0, changed, out)
+        return out
+
+    def changed_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every present node whose row an update set since the snapshot: ids, rows, versions."""
+        if self._row_slot.size == 0:
+            return np.empty(0, np.int64), np.empty((0, self.feature_dim), np.float32), np.empty(0, np.int64)
+        ids = np.flatnonzero((self._row_slot >= 0) & self.present)
+        return ids, self._rows[self._row_slot[ids]], self._version[ids]
 
     def stats(self) -> OverlayStats:
         touched = int((self._offset >= 0).sum()) if self._offset.size else 0
@@ -280,13 +314,13 @@ class LiveGraph:
                 v = int(op["id"])
                 self.present[v] = True
                 self._set_list(v, [])
-                self._set_row(v, op["features"])
+                self._set_row(v, op["features"], sequence)
                 if op.get("label") is not None:
                     self.labels[v] = op["label"]
                 self.added_nodes += 1
                 changed.add(v)
             elif kind == "set_features":
-                self._set_row(int(op["id"]), op["features"])
+                self._set_row(int(op["id"]), op["features"], sequence)
                 changed.add(int(op["id"]))
             elif kind == "add_edge":
                 self._add_edge(int(op["src"]), int(op["dst"]))
@@ -385,7 +419,7 @@ class LiveGraph:
 
     # -- feature row storage ---------------------------------------------------------------------
 
-    def _set_row(self, v: int, features: Sequence[float]) -> None:
+    def _set_row(self, v: int, features: Sequence[float], sequence: int) -> None:
         if self._row_slot.size == 0:
             self._row_slot = np.full(self.capacity, -1, np.int64)
             self._version = np.zeros(self.capacity, np.int64)
@@ -396,7 +430,7 @@ class LiveGraph:
             self._rows_used += 1
             self._row_slot[v] = slot
         self._rows[slot] = np.asarray(features, dtype=np.float32)
-        self._version[v] += 1
+        self._version[v] = sequence
 
     # -- compaction ------------------------------------------------------------------------------
 
@@ -425,9 +459,17 @@ class LiveGraph:
         indices[dest] = self.base.indices[keep]
         for v in touched.tolist():
             indices[indptr[v] : indptr[v + 1]] = self.neighbours(v)
-        features = np.zeros((n, self.feature_dim), np.float32)
         present_ids = present_ids[present_ids < n]
-        features[present_ids] = self.rows(present_ids)
+        extra = dict(self.base.extra)
+        row_sequence = None
+        features: np.ndarray | AbsentFeatures
+        if self.base.features_here:
+            features = np.zeros((n, self.feature_dim), np.float32)
+            features[present_ids] = self.rows(present_ids)
+        else:  # the rows stay in the feature cluster, keyed by the version each one has now
+            features = AbsentFeatures(n, self.feature_dim)
+            row_sequence = self.key_versions(np.arange(n, dtype=np.int64))
+            extra["feature_set"] = self.base.feature_set
         labels = self._labels(n)
         present = self.present[:n].copy()
         splits = {s: getattr(self.base, s)[present[getattr(self.base, s)]] for s in ("train", "val", "test")}
@@ -444,7 +486,8 @@ class LiveGraph:
             directed=self.directed,
             present=None if present.all() else present,
             log_sequence=self.sequence,
-            extra=dict(self.base.extra),
+            extra=extra,
+            row_sequence=row_sequence,
         )
 
     def _labels(self, n: int) -> np.ndarray:

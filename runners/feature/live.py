@@ -31,7 +31,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,32 @@ log = logging.getLogger("graphsage.graph")
 
 SNAPSHOT_OP = "_snapshot"  # internal entry: switch to a compacted snapshot (never a client's op)
 READ_BATCH = 500  # replay's default (GSAGE_GRAPH_LOG_READ_BATCH for a worker)
+ROW_WRITE_BATCH = 4096  # rows per write when a compaction stores the changed rows
+# Writes rows (ids, rows, versions) to the feature cluster; returns once it holds them.
+RowWriter = Callable[[np.ndarray, np.ndarray, np.ndarray], Awaitable[None]]
+SnapshotLoader = Callable[[str], GraphSnapshot]
+
+
+def batch_rows(ops: Sequence[dict], sequence: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows a batch sets (its last one for a node set twice), with the version they take:
+    ``sequence``, the batch's entry in the log."""
+    rows: dict[int, Any] = {}
+    for op in ops:
+        if op.get("op") in ("add_node", "set_features"):
+            rows[int(op["id"])] = op["features"]
+    ids = np.fromiter(rows, np.int64, len(rows))
+    values = np.asarray(list(rows.values()), np.float32).reshape(len(rows), -1)
+    return ids, values, np.full(len(rows), sequence, np.int64)
+
+
+async def write_changed_rows(graph: LiveGraph, write: RowWriter, batch: int = ROW_WRITE_BATCH) -> int:
+    """Every row an update set since ``graph``'s snapshot, written under its version (a
+    compaction in cluster mode: the snapshot it saves holds no rows, only their versions)."""
+    ids, rows, versions = graph.changed_rows()
+    for start in range(0, ids.size, batch):
+        end = start + batch
+        await write(ids[start:end], rows[start:end], versions[start:end])
+    return int(ids.size)
 
 
 class TooManyOps(KindOfError):
@@ -109,11 +135,16 @@ class GraphKeeper:
         timer: Callable[[], float] = time.perf_counter,
         read_batch: int = READ_BATCH,
         status_interval_s: float = 1.0,
+        row_writer: RowWriter | None = None,
+        load: SnapshotLoader = load_snapshot,
     ) -> None:
         """``on_swap``: the builder and the feature store start serving a new graph (compaction);
         ``on_rows_changed``: rows of these ids changed (the caches forget them). Both are called
         under ``lock``. ``clock``: the wall clock the entries' ``acked_at`` is read against
-        (staleness, lag); ``timer``: what compactions and switches are timed with."""
+        (staleness, lag); ``timer``: what compactions and switches are timed with.
+        ``row_writer``: the feature cluster's write (cluster mode): a batch's rows are written
+        there before the batch is appended, a compaction's changed rows before it is announced;
+        ``load``: how a compacted snapshot is opened (cluster mode: without its rows)."""
         self.graph = graph
         self.log = log_
         self.lock = asyncio.Lock()
@@ -128,6 +159,8 @@ class GraphKeeper:
         self.timer = timer
         self.read_batch = read_batch
         self.status_interval_s = status_interval_s
+        self.row_writer = row_writer
+        self.load = load
         self.head = graph.sequence  # the log's head as last seen
         # acked_at of the oldest entry read from the log and not applied yet (None: none).
         self._pending_acked_at: float | None = None
@@ -258,6 +291,12 @@ class GraphKeeper:
             while True:
                 await self._catch_up()
                 self.graph.validate(ops)
+                if self.row_writer is not None:
+                    # Before the append: an acknowledged update's rows are in the cluster. A writer
+                    # that then loses the race for this sequence leaves rows under a version the
+                    # winner may also use; every worker answers changed rows from its overlay, and
+                    # a compaction writes them again from the log, so no answer reads those.
+                    await self.row_writer(*batch_rows(ops, self.graph.sequence + 1))
                 try:
                     entry = await self.log.append(ops, expected_head=self.graph.sequence)
                 except SequenceConflict:
@@ -301,7 +340,7 @@ class GraphKeeper:
         sequence and this one replayed (they were applied to the graph it replaces)."""
         op = entry.ops[0]
         started = self.timer()
-        snapshot = await asyncio.to_thread(load_snapshot, op["tag"])
+        snapshot = await asyncio.to_thread(self.load, op["tag"])
         fresh = await replay(snapshot, self.log, entry.sequence - 1, self.capacity or self.graph.capacity)
         if fresh.sequence != entry.sequence - 1:
             raise RuntimeError(
@@ -334,7 +373,14 @@ class GraphKeeper:
         if upto is not None and upto > (head := await self.log.head()):
             raise NeverIssued(f"upto {upto} was never issued: the update log's head is {head}")
         started = self.timer()
-        result = await compact(self.graph.base.tag, self.log, upto, self.capacity or self.graph.capacity)
+        result = await compact(
+            self.graph.base.tag,
+            self.log,
+            upto,
+            self.capacity or self.graph.capacity,
+            row_writer=self.row_writer,
+            load=self.load,
+        )
         self.observer.compaction("compact", self.timer() - started)
         self.last_compaction = result
         return result
@@ -416,16 +462,29 @@ def _apply_all(graph: LiveGraph, entries: list[LogEntry]) -> None:
 
 
 async def compact(
-    snapshot_tag: str, log_: UpdateLog, upto: int | None = None, capacity: int = 0, announce: bool = True
+    snapshot_tag: str,
+    log_: UpdateLog,
+    upto: int | None = None,
+    capacity: int = 0,
+    announce: bool = True,
+    row_writer: RowWriter | None = None,
+    load: SnapshotLoader = load_snapshot,
 ) -> dict[str, Any]:
     """Build ``graph-snapshot:<v>`` from ``snapshot_tag`` + the log (up to ``upto``, default
     its head), recording the sequence it holds; with ``announce``, append the ``_snapshot`` entry
-    that makes every FeatureRunner worker switch to it."""
+    that makes every FeatureRunner worker switch to it. In cluster mode (``row_writer``, ``load``
+    without rows) the snapshot holds no rows: each row's version instead, and the rows updates
+    set are written to the cluster (again: the same values) before the snapshot is saved."""
     started = time.perf_counter()
-    base = await asyncio.to_thread(load_snapshot, snapshot_tag)
+    base = await asyncio.to_thread(load, snapshot_tag)
     graph = await replay(base, log_, upto, capacity)
     folded = graph.sequence
     snapshot = await asyncio.to_thread(graph.materialize)
+    rows_written = 0
+    if not snapshot.features_here:
+        if row_writer is None:
+            raise RuntimeError(f"{base.tag}'s rows are in the feature cluster: compacting it needs its writer")
+        rows_written = await write_changed_rows(graph, row_writer)
     seconds = time.perf_counter() - started
     snapshot.extra = {**snapshot.extra, "compacted_from": base.tag, "compaction_seconds": round(seconds, 3)}
     tag = await asyncio.to_thread(save_snapshot, snapshot, {"compacted_from": base.tag.split(":")[-1]})
@@ -437,6 +496,9 @@ async def compact(
         "seconds": round(time.perf_counter() - started, 3),
         "num_nodes": snapshot.num_nodes,
         "num_edges": snapshot.num_edges,
+        "features": "in the snapshot"
+        if snapshot.features_here
+        else f"in the feature cluster ({rows_written} rows set)",
     }
     if announce:
         while True:

@@ -89,11 +89,11 @@ class NeighbourhoodBuilder:
             tree = PremeanTree.sample(
                 snapshot.indptr, snapshot.indices, np.zeros(1, np.int64), self.max_fanout, np.zeros(1, np.int64)
             )
-            tree.tensor_parts(snapshot.features[tree.unique])
+            tree.tensor_parts(np.zeros((tree.unique.size, snapshot.feature_dim), np.float32))
         # Likewise ONNX Runtime's Cast session for float16 rows (runners/feature/narrowing.py):
         # importing onnx and onnxruntime in the first float16 request made it slow enough, on a slow
         # machine, that its model call missed its deadline (a 503 in CI).
-        to_dtype(np.ascontiguousarray(snapshot.features[:1]), "float16")
+        to_dtype(np.zeros((1, snapshot.feature_dim), np.float32), "float16")
 
     def validate(
         self,

@@ -47,6 +47,7 @@ from common.feature_tensor import LAYOUT, PREMEAN, FeatureTensor
 from common.graph_ops import GraphUpdateAck
 from common.model_runner_api import InferCall, ModelRunnerApi, UnknownVersion
 from common.remote import WaitBudget, failure_reason
+from runners.feature.authority import FeaturesUnavailable
 from runners.feature.cache.tiered import TieredFeatureStore
 from runners.feature.explain import explain, with_variants
 from runners.feature.graph import LiveGraph
@@ -144,6 +145,7 @@ class FeaturePipeline:
         """Bring the graph up to date before serving (a restart: snapshot + the log after it),
         then follow the update log. The model runner first, where it runs in this process."""
         await self.model.start()
+        await self.store.start()  # cluster mode: the cluster holds this snapshot's rows, verified
         await self.keeper.start()
         log.info("graph at update %d (%s)", self.graph.sequence, self.update_log)
         check = getattr(self.update_log, "check_durability", None)
@@ -209,6 +211,8 @@ class FeaturePipeline:
             raise ApiError.unavailable(
                 f"update log unavailable, nothing was accepted: {exc}", 1.0, type="update_log_unavailable"
             ) from exc
+        except FeaturesUnavailable as exc:
+            raise FeaturesUnavailable(f"{exc.message}; nothing was accepted") from exc
         return GraphUpdateAck(accepted=len(ops), sequence=entry.sequence)
 
     async def graph_status(self) -> dict[str, Any]:

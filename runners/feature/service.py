@@ -23,6 +23,7 @@ from common.feature_runner_api import ENDPOINTS, ERRORS, SERVICE
 from common.model_runner_api import ModelRunnerApi
 from common.service_auth import ServiceGuard, ServiceTokens
 from common.settings import Settings, settings
+from runners.feature.authority import ClusterOrigin, authority_for, load_without_rows
 from runners.feature.cache.tiered import build_feature_store
 from runners.feature.graph import LiveGraph
 from runners.feature.live import GraphKeeper
@@ -42,9 +43,18 @@ _core: CoreHolder[FeaturePipeline] = CoreHolder()
 def assemble(cfg: Settings, model: ModelRunnerApi) -> FeaturePipeline:
     """The pipeline and its parts, each from its own section of ``cfg``."""
     live, calls = cfg.live_graph, cfg.runner_calls
-    snapshot = load_snapshot(cfg.snapshot_tag)
+    cluster = cfg.feature_source == "redis"
+    snapshot = load_without_rows(cfg.snapshot_tag) if cluster else load_snapshot(cfg.snapshot_tag)
     graph = LiveGraph(snapshot, live.graph_capacity)
-    store = build_feature_store(cfg.feature_cache, cfg.redis, snapshot.features, snapshot.tag, graph)
+    authority = authority_for(cfg, snapshot.feature_set, snapshot.feature_dim) if cluster else None
+    store = build_feature_store(
+        cfg.feature_cache,
+        cfg.redis,
+        snapshot.features,
+        snapshot.tag,
+        graph,
+        cluster_origin=ClusterOrigin(authority, graph) if authority is not None else None,
+    )
     store.on_fill = PrometheusObserver.l1_fill
     builder = NeighbourhoodBuilder(graph, store, cfg.fanout, cfg.runner_call_max_nodes, cfg.scan_min_targets)
     update_log = update_log_from(
@@ -76,14 +86,17 @@ def assemble(cfg: Settings, model: ModelRunnerApi) -> FeaturePipeline:
         observer=graph_observer(),
         read_batch=live.graph_log_read_batch,
         status_interval_s=live.graph_status_interval_s,
+        row_writer=authority.write if authority is not None else None,
+        load=load_without_rows if cluster else load_snapshot,
     )
     pipeline = FeaturePipeline(keeper, store, builder, model, update_log, limits, observer=PrometheusObserver())
     log.info(
-        "FeatureRunner: %s (%d nodes, %d edges), L2 %s",
+        "FeatureRunner: %s (%d nodes, %d edges), rows from %s, L2 %s",
         snapshot.tag,
         snapshot.num_nodes,
         snapshot.num_edges,
-        cfg.redis_url or "off",
+        f"the feature cluster (feature set {snapshot.feature_set})" if cluster else "the snapshot",
+        "off" if cluster or not cfg.redis_url else cfg.redis_url,
     )
     return pipeline
 

@@ -111,6 +111,10 @@ return n
 """
 
 
+class ReplicasBehind(RuntimeError):
+    """A master took a write that fewer of its replicas than asked for hold (``WAIT``)."""
+
+
 def row_key_prefix(snapshot_version: str) -> bytes:
     if not snapshot_version or any(c in snapshot_version for c in "{} \t\r\n"):
         raise ValueError(f"snapshot_version must be non-empty, without braces or whitespace: {snapshot_version!r}")
@@ -240,6 +244,19 @@ class RedisFeatureLevel:
         self._on_success()
         return self._decode(values)
 
+    async def read_rows(
+        self, ids: np.ndarray, versions: np.ndarray | None = None, timeout_s: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One read of ``ids``' rows: which were found, and those rows. No circuit, and faults are
+        raised: the feature cluster (``runners.feature.authority``), whose caller decides whether
+        to retry, reads through this."""
+        ids = as_ids(ids)
+        if ids.size == 0:
+            return all_missed(0, self.dim)
+        async with asyncio.timeout(timeout_s if timeout_s is not None else self.read_deadline_s(ids.size)):
+            values = await self._read(self._names(ids, versions))
+        return self._decode(values)
+
     def read_deadline_s(self, n_keys: int) -> float:
         return self.timeout_s + n_keys * self.timeout_per_key_s
 
@@ -346,14 +363,9 @@ class RedisFeatureLevel:
             self.skipped += 1
             self.writes_dropped += n
             return
-        payload = np.ascontiguousarray(rows, dtype=WIRE_DTYPE).reshape(n, self.dim).tobytes()
-        view = memoryview(payload)
-        rb = self.row_bytes
         try:
             async with asyncio.timeout(self.write_timeout_s):
-                await self._write(
-                    self._keys(self._names(ids, versions)), [view[o : o + rb] for o in range(0, n * rb, rb)]
-                )
+                await self._write(self._keys(self._names(ids, versions)), self._payloads(rows, n))
         except asyncio.CancelledError:
             self.breaker.release_probe()
             raise
@@ -363,6 +375,55 @@ class RedisFeatureLevel:
             return
         self._on_success()
         self.writes += n
+
+    async def write_rows(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        versions: np.ndarray | None = None,
+        *,
+        replicas: int = 0,
+        replica_timeout_ms: int = 1000,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Write ``ids``' rows, each master's in one ``EVAL``; with ``replicas``, each master's
+        ``WAIT`` on the same connection then requires that many of its replicas to hold them
+        (``ReplicasBehind`` otherwise), so a failover cannot lose a row this returned for. Faults
+        are raised (no circuit, no script fallback: the feature cluster needs Redis >= 7)."""
+        ids = as_ids(ids)
+        n = ids.size
+        if n == 0:
+            return
+        keys, values = self._keys(self._names(ids, versions)), self._payloads(rows, n)
+        async with asyncio.timeout(timeout_s if timeout_s is not None else self.write_timeout_s):
+            if self.cluster:
+                await self._client.initialize()
+                groups: list[tuple[Any, list[int]]] = list(self._by_master(keys))
+            else:
+                groups = [(None, list(range(n)))]
+            pipes = []
+            for node, pos in groups:
+                route = {"target_nodes": node} if node is not None else {}
+                pipe = self._client.pipeline() if self.cluster else self._client.pipeline(transaction=False)
+                ttl = self._ttl_ms or 0
+                pipe.execute_command(
+                    "EVAL", SET_SCRIPT, 0, ttl, *[keys[p] for p in pos], *[values[p] for p in pos], **route
+                )
+                if replicas:
+                    pipe.execute_command("WAIT", replicas, replica_timeout_ms, **route)
+                pipes.append(pipe.execute())
+            replies = await asyncio.gather(*pipes)
+        if replicas:
+            for (node, _), reply in zip(groups, replies):
+                if int(reply[1]) < replicas:
+                    where = node.name if node is not None else "the server"
+                    raise ReplicasBehind(f"{where}: {reply[1]} of {replicas} replicas took the rows")
+
+    def _payloads(self, rows: np.ndarray, n: int) -> list[memoryview]:
+        payload = np.ascontiguousarray(rows, dtype=WIRE_DTYPE).reshape(n, self.dim).tobytes()
+        view = memoryview(payload)
+        rb = self.row_bytes
+        return [view[o : o + rb] for o in range(0, n * rb, rb)]
 
     async def _write(self, keys: list[bytes], values: list[memoryview]) -> None:
         if self.cluster:
@@ -482,6 +543,22 @@ class RedisFeatureLevel:
         return self.breaker.state is not BreakerState.CLOSED
 
     # -- misc ----------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Redis | RedisCluster:
+        return self._client
+
+    def key(self, name: str) -> bytes:
+        """The key of ``name`` under this level's prefix (a row's id, or a document's name)."""
+        return self._prefix + name.encode()
+
+    async def forget_topology(self) -> None:
+        """Close the connections (and a Cluster client's slot map): the next call asks the
+        cluster who owns what, e.g. the replica promoted by a failover."""
+        try:
+            await self._client.aclose()
+        except Exception:
+            pass
 
     def use_snapshot(self, snapshot_version: str) -> None:
         """Key rows by ``snapshot_version`` from now on (a FeatureRunner switched snapshots)."""

@@ -1,4 +1,5 @@
-"""The origin level: where a row comes from when no cache holds it. It always hits.
+"""The origin level: where a row comes from when no cache holds it. It always hits. (In cluster
+mode the feature cluster is the origin instead: ``runners.feature.authority.ClusterOrigin``.)
 
 By default the snapshot's memory-mapped feature matrix; for a live graph, ``rows`` of its
 ``runners.feature.graph.LiveGraph`` (the updated row where an update changed one, else the
@@ -9,6 +10,7 @@ disk there, which is exactly the cost L1 and L2 exist to hide.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -41,5 +43,19 @@ class OriginLevel:
         # np.take on a memmap returns a plain in-memory ndarray (a copy), never a file view.
         return np.asarray(np.take(self.features, ids, axis=0), dtype=ROW_DTYPE)
 
+    async def fetch(self, ids: np.ndarray) -> np.ndarray:
+        """``get_many`` as the tiered store awaits every origin (the feature cluster's is I/O)."""
+        return self.get_many(ids)
+
+    async def start(self) -> None:
+        return None
+
+    def rebound(self, graph: Any) -> OriginLevel:
+        """The origin of ``graph`` (a live graph a compaction made)."""
+        return OriginLevel(graph.base.features, rows=graph.rows, num_nodes=graph.capacity)
+
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits}
+
+    async def close(self) -> None:
+        return None

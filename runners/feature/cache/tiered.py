@@ -1,5 +1,8 @@
 """The FeatureRunner's feature store: L1 (process LRU) -> L2 (Redis, optional) -> origin (mmap).
 
+In cluster mode (``GSAGE_FEATURE_SOURCE=redis``) the origin is the feature cluster
+(``runners.feature.authority``) and there is no L2: L1 -> the cluster, which is shared already.
+
 ``fetch(ids)`` for unique int64 ids returns ``[n, F]`` float32 rows in the order of ``ids``:
 
 1. L1 answers what it holds (no I/O).
@@ -42,7 +45,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -70,8 +73,27 @@ class FetchStats:
     scan: bool = False
 
 
+class Origin(Protocol):
+    """Where rows come from when no cache holds them: the snapshot (``OriginLevel``) or the
+    feature cluster (``runners.feature.authority.ClusterOrigin``)."""
+
+    name: str
+    num_nodes: int
+    dim: int
+
+    async def fetch(self, ids: np.ndarray) -> np.ndarray: ...
+
+    async def start(self) -> None: ...
+
+    def rebound(self, graph: Any) -> Origin: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
+
+
 class TieredFeatureStore:
-    def __init__(self, l1: L1Cache, l2: RedisFeatureLevel | None, origin: OriginLevel) -> None:
+    def __init__(self, l1: L1Cache, l2: RedisFeatureLevel | None, origin: Origin) -> None:
         for level in (l1, l2):
             if level is not None and level.dim != origin.dim:
                 raise ValueError(f"{level.name} holds rows of {level.dim}, origin of {origin.dim}")
@@ -103,7 +125,7 @@ class TieredFeatureStore:
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
             raise IndexError(f"node ids must be in [0, {self.num_nodes})")
         if scan:
-            return self._scan(ids)
+            return await self._scan(ids)
         self._drain_fills()
         out = np.empty((ids.size, self.dim), dtype=ROW_DTYPE)
 
@@ -130,7 +152,7 @@ class TieredFeatureStore:
         asked_origin = bool(miss.size)
         if asked_origin:
             cold = ids[miss]
-            rows = self.origin.get_many(cold)
+            rows = await self.origin.fetch(cold)
             out[miss] = rows
             self._queue_fill(cold, rows)
             if self.l2 is not None:
@@ -169,9 +191,9 @@ class TieredFeatureStore:
         if self.on_fill is not None:
             self.on_fill(spent)
 
-    def _scan(self, ids: np.ndarray) -> tuple[np.ndarray, FetchStats]:
+    async def _scan(self, ids: np.ndarray) -> tuple[np.ndarray, FetchStats]:
         t0 = time.perf_counter()
-        rows = self.origin.get_many(ids)
+        rows = await self.origin.fetch(ids)
         stats = FetchStats(n=int(ids.size), origin_hits=int(ids.size), origin_s=time.perf_counter() - t0, scan=True)
         self.last_stats = stats
         return rows, stats
@@ -180,7 +202,7 @@ class TieredFeatureStore:
         """Serve ``graph`` (a live graph, e.g. the one a compaction made): its rows at the origin,
         its feature versions and its snapshot's keys in L2. L1 stays: it holds current rows by
         id, and a compaction changes no row."""
-        self.origin = OriginLevel(graph.base.features, rows=graph.rows, num_nodes=graph.capacity)
+        self.origin = self.origin.rebound(graph)
         self.versions_of = graph.feature_versions
         if self.l2 is not None and self.l2.snapshot_version != graph.base.tag and graph.base.tag:
             self.l2.use_snapshot(graph.base.tag)
@@ -201,13 +223,13 @@ class TieredFeatureStore:
         ids = as_ids(ids)
         for start in range(0, ids.size, batch_size):
             chunk = ids[start : start + batch_size]
-            rows = self.origin.get_many(chunk)
+            rows = await self.origin.fetch(chunk)
             if self.l2 is not None:
                 await self.l2.put(chunk, rows)
         hot = ids[: self.l1.capacity][::-1]
         for start in range(0, hot.size, batch_size):
             chunk = hot[start : start + batch_size]
-            self.l1.put_many(chunk, self.origin.get_many(chunk), admit_all=True)
+            self.l1.put_many(chunk, await self.origin.fetch(chunk), admit_all=True)
         return int(ids.size)
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -220,24 +242,39 @@ class TieredFeatureStore:
         if self.l2 is not None:
             await self.l2.flush()
 
+    async def start(self) -> None:
+        """Check that the origin can serve (the feature cluster holds this snapshot's rows)."""
+        await self.origin.start()
+
     async def close(self) -> None:
         if self.l2 is not None:
             await self.l2.close()
+        await self.origin.close()
 
 
 def build_feature_store(
-    cache: FeatureCacheSection, redis: RedisSection, features: np.ndarray, snapshot_version: str, graph: Any = None
+    cache: FeatureCacheSection,
+    redis: RedisSection,
+    features: Any,
+    snapshot_version: str,
+    graph: Any = None,
+    cluster_origin: Origin | None = None,
 ) -> TieredFeatureStore:
     """L1 + origin always; L2 only when ``redis.redis_url`` is set. ``graph``: a live graph
-    (``runners.feature.graph.LiveGraph``), whose rows and ids the levels then serve."""
-    origin = (
-        OriginLevel(features) if graph is None else OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity)
-    )
+    (``runners.feature.graph.LiveGraph``), whose rows and ids the levels then serve.
+    ``cluster_origin``: the feature cluster as the origin (no L2 then: it is the shared level)."""
+    origin: Origin
+    if cluster_origin is not None:
+        origin = cluster_origin
+    elif graph is None:
+        origin = OriginLevel(features)
+    else:
+        origin = OriginLevel(features, rows=graph.rows, num_nodes=graph.capacity)
     l1 = L1Cache(
         cache.l1_bytes, cache.l1_ttl_s, origin.dim, num_ids=origin.num_nodes, admit_min_uses=cache.l1_admit_min_uses
     )
     l2 = None
-    if redis.redis_url:
+    if redis.redis_url and cluster_origin is None:
         l2 = RedisFeatureLevel.from_url(
             redis.redis_url,
             snapshot_version,

@@ -1,0 +1,85 @@
+"""The split app in cluster mode (``GSAGE_FEATURE_SOURCE=redis``): the snapshot's rows loaded into
+a Redis Cluster (3 masters + 3 replicas) by ``python -m training_export load-features``, then
+``features.npy`` removed from the store: the three services start, answer as the local mode did
+for the same seed, and an update is read back through the gateway (``min_sequence``)."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import numpy as np
+import pytest
+
+from harness.app import SplitApp, run_export, running
+from harness.redis_servers import RedisCluster3, RedisServer, redis_available
+from tests.conftest import bentoml_home, private_store
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not redis_available(), reason="redis-server / redis-cli not installed"),
+]
+REQUESTS = [{"node_ids": [0, 7, 42], "seed": 11}, {"node_ids": list(range(100, 140)), "seed": 3}]
+
+
+def _probs(answer: dict) -> np.ndarray:
+    return np.array([p["probabilities"] for p in answer["predictions"]])
+
+
+def _answers(app: SplitApp) -> list[np.ndarray]:
+    out = []
+    for body in REQUESTS:
+        r = httpx.post(app.gateway.url + "/predict", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["degraded"] is False, (r.text, app.logs()[-3000:])
+        out.append(_probs(r.json()))
+    return out
+
+
+def _hits(cluster: RedisCluster3) -> int:
+    return sum(int(n.info("stats").get("keyspace_hits", 0)) for n in cluster.nodes if n.proc is not None)
+
+
+def test_the_app_serves_from_the_feature_cluster_without_features_npy(demo_store, tmp_path):
+    home = private_store(demo_store, tmp_path)
+    from common.bento.store import get_entry
+
+    with bentoml_home(home):
+        entry = get_entry("graph-snapshot:latest")
+    env = {"GSAGE_MODEL_TAGS": demo_store.v1, "GSAGE_SNAPSHOT_TAG": entry.tag}
+    with (
+        RedisCluster3(str(tmp_path / "cluster"), replicas=1) as cluster,
+        RedisServer(str(tmp_path / "log")) as log_redis,
+    ):
+        local = SplitApp(home, {**env, "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "file-log")}, log_dir=str(tmp_path))
+        with running(local):
+            want = _answers(local)
+        report = run_export(home, "load-features", "--snapshot", entry.tag, "--redis-url", cluster.url)
+        assert report["verified"] and report["rows_found"] == report["rows"], report
+        os.remove(os.path.join(entry.path, "features.npy"))
+        cluster_env = {
+            **env,
+            "GSAGE_FEATURE_SOURCE": "redis",
+            "GSAGE_FEATURE_REDIS_URL": cluster.url,
+            "GSAGE_GRAPH_LOG_REDIS_URL": log_redis.url,
+        }
+        (tmp_path / "cluster-app").mkdir()
+        app = SplitApp(home, cluster_env, log_dir=str(tmp_path / "cluster-app"))
+        hits_before = _hits(cluster)
+        with running(app):
+            for got, expected in zip(_answers(app), want, strict=True):
+                np.testing.assert_allclose(got, expected, atol=1e-6)
+            dim = int(report["dim"])
+            ack = httpx.post(
+                app.gateway.url + "/graph/updates",
+                json={"ops": [{"op": "set_features", "id": 7, "features": [3.0] * dim}]},
+                timeout=30,
+            )
+            assert ack.status_code == 200, (ack.text, app.logs()[-3000:])
+            after = httpx.post(
+                app.gateway.url + "/predict",
+                json={"node_ids": [7], "seed": 11, "min_sequence": ack.json()["sequence"]},
+                timeout=30,
+            )
+            assert after.status_code == 200, after.text
+            assert not np.allclose(_probs(after.json()), want[0][1:2])
+            assert _hits(cluster) > hits_before  # the rows came from the cluster
