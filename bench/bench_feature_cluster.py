@@ -8,21 +8,23 @@
 2. The loader (``training_export.load_features``): rows/s written (each master's share of a batch
    in one EVAL, then WAIT for its replica), and the verification pass.
 3. For each mode (local: the snapshot's memory-mapped ``features.npy``; cluster: the rows from the
-   cluster), a child process builds the FeatureRunner's core with ``runners.feature.service``'s
-   ``assemble`` (live graph, tiered store, neighbourhood builder, the pipeline's batcher; the
-   service module imported as the service process imports it; no model call)
-   and runs ``FeaturePipeline.features`` closed-loop at ``--concurrency`` for single-node
-   requests, fanout [25, 10]: once with L1 **cold** (``GSAGE_L1_BYTES=0``: every row from the
-   origin) and once **warm** (256 MB L1, Zipf-distributed targets, after a warm-up as long as the
-   measured window). Requests/s, P50/P99 and the child's CPU seconds per request; the process's
-   RSS and USS (private memory: a mapped file's pages are shared, so they count in RSS only)
-   after the runs, and its RSS after start-up, before any request.
-4. Failover (cluster mode, L1 cold): the same load while the parent kills the master that owns
-   the most rows' slots; failed requests, the longest gap between two answered requests and the
-   time from the kill until requests are answered again.
+   cluster), the FeatureRunner as its own BentoML service (``harness.app.Service``, one worker;
+   its model-runner dependency is never called: ``/features`` samples and fetches only), driven
+   by ``harness.load.closed_loop`` at ``--concurrency`` with single-node ``/features`` requests,
+   fanout [25, 10]: once with L1 **cold** (``GSAGE_L1_BYTES=0``: every row from the origin) and
+   once **warm** (256 MB L1, Zipf-distributed ids, after a warm-up window as long as the
+   measured one). Requests/s, P50/P99, the service's CPU seconds per request, its process
+   tree's RSS and USS (private memory: a mapped file's pages count in RSS only) after the load
+   and after start-up.
+4. Under a memory limit of ``--limit-fraction`` of the features' size (a cgroup v1
+   ``memory.limit_in_bytes``, as a container's limit; skipped where no cgroup can be made), both
+   modes with L1 cold: whether each starts and serves, and the cgroup's peak usage.
+5. Failover (cluster mode, L1 cold): the same load while a master is killed a quarter into the
+   window (its replica is promoted after ``cluster-node-timeout``, 1 s here): failed requests
+   and the longest request (the time the failover held it).
 
-The request path measured here is the FeatureRunner's own work (sampling + fetch), where the two
-modes differ; the hops around it (``python -m bench.suite``) are the same in both. Writes
+The FeatureRunner alone is measured: its work (sampling + fetch) is where the two modes differ;
+the gateway's and the model runner's parts (``python -m bench.suite``) are the same in both. Writes
 bench/results/feature_cluster.json. Only loopback addresses; every load is bounded in time.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.server
 import json
 import os
 import subprocess
@@ -121,6 +124,26 @@ def memory(svc: Any) -> dict[str, float]:
     return {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(uss / 2**20, 1)}
 
 
+class _Ready(http.server.BaseHTTPRequestHandler):
+    """The model runner's stand-in: ready, and nothing else (``/features`` never calls it)."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        return None
+
+
+def ready_stub() -> str:
+    from harness.ports import free_port
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def measure(
     env: dict[str, str],
     args: argparse.Namespace,
@@ -135,9 +158,7 @@ def measure(
     from harness.load import closed_loop
     from harness.ports import free_port
 
-    svc = Service(
-        "FeatureRunner", free_port(), env, depends={"GraphSAGERunner": "http://127.0.0.1:9"}, log_dir=args.log_dir
-    )
+    svc = Service("FeatureRunner", free_port(), env, depends={"GraphSAGERunner": args.model_stub}, log_dir=args.log_dir)
     out: dict[str, Any] = {}
     svc.launch()
     try:
@@ -201,6 +222,7 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="gsage-cluster-bench-home-")
     os.environ["BENTOML_HOME"] = home
     args.log_dir = tempfile.mkdtemp(prefix="gsage-cluster-bench-logs-")
+    args.model_stub = ready_stub()
 
     from harness.redis_servers import RedisCluster3
     from runners.feature.authority import AuthorityPolicy, FeatureAuthority

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from common.endpoints import Endpoint, NoBody
 from common.errors import ApiError, retry_after
+from common.request_context import outgoing
 
 log = logging.getLogger("graphsage.remote")
 T = TypeVar("T")
@@ -127,7 +128,7 @@ class HttpTransport:
 
         if self._session is None or self._session.closed:
             self._session = self._open()
-        headers = {"Content-Type": endpoint.takes.media_type, **self._tokens.header()}
+        headers = {"Content-Type": endpoint.takes.media_type, **self._tokens.header(), **outgoing()}
         body = None if isinstance(endpoint.takes, NoBody) and endpoint.method == "GET" else endpoint.takes.encode(value)
         for attempt in range(len(self._retry_pauses_s) + 1):
             try:

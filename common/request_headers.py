@@ -31,8 +31,9 @@ SINGLE_VALUED = (
     "authorization",
     "x-api-key",
     "accept",
+    "x-request-id",  # common.request_context: one id per request, across the hops
 )
-_DISPLAY = {"x-api-key": "X-API-Key"}
+_DISPLAY = {"x-api-key": "X-API-Key", "x-request-id": "X-Request-Id"}
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 

@@ -43,6 +43,7 @@ from typing import Any
 from common.bento.foreign_errors import in_one_shape
 from common.errors import ApiError, send_error
 from common.files import file_signature
+from common.request_context import REQUEST_ID_HEADER, adopt
 from common.request_headers import BODY_METHODS, JSON, OCTET_STREAM, RequestHeaders, with_body_type
 from common.settings import SecuritySection
 
@@ -239,4 +240,5 @@ class ServiceGuard:
         if not self.tokens.accepts(bearer(presented)):
             reason = "no service token" if presented is None else "service token not accepted"
             return await send_error(send, ApiError(401, f"{reason}: this is an internal service", CHALLENGE))
+        adopt(headers.get(REQUEST_ID_HEADER))  # the caller's: one id across the hops
         await self.app(scope, receive, send)

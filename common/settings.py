@@ -252,7 +252,17 @@ class ServingSection(BaseModel):
     gateway_max_concurrency: Count = Field(2048, description="requests in flight per gateway worker (503 above)")
     runner_max_concurrency: Count = Field(1024, description="requests in flight per runner worker (503 above)")
     tracing: bool = Field(
-        False, description="BentoML's OpenTelemetry spans (off: its middleware passes requests through)"
+        False,
+        description="BentoML's OpenTelemetry spans, joined across the hops by `traceparent` (off: its middleware "
+        "passes requests through)",
+    )
+    tracing_otlp_endpoint: str = Field(
+        "",
+        description="where the spans go: an OTLP/HTTP collector, e.g. `http://otel-collector:4318/v1/traces` "
+        "(empty: spans are made and propagated, not exported)",
+    )
+    tracing_sample_rate: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
+        1.0, description="the share of requests traced (the gateway decides; the runners follow its choice)"
     )
     access_log: bool = Field(True, description="the gateway's access log (the internal hops never log one)")
 

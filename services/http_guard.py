@@ -22,6 +22,7 @@ from typing import Any
 
 from common.bento.foreign_errors import in_one_shape
 from common.errors import ApiError, send_error
+from common.request_context import REQUEST_ID_HEADER, adopt
 from common.request_headers import BODY_METHODS, JSON, RequestHeaders, with_body_type
 from services.access import GatewayAccess
 from services.auth import AuthError
@@ -50,6 +51,18 @@ def required_scope(path: str) -> str:
     return "graph" if path == "/graph/updates" else "predict"
 
 
+def with_request_id(send: Send, request_id: str) -> Send:
+    """``send`` with the request's id in the answer's headers (``common.request_context``)."""
+    header = (b"x-request-id", request_id.encode())
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
+
+
 class HttpGuard:
     def __init__(self, app: Callable[..., Awaitable[None]], access: GatewayAccess, max_body_bytes: int) -> None:
         self.app = app
@@ -68,7 +81,7 @@ class HttpGuard:
                 headers.check_accept(JSON)
         except ApiError as exc:
             return await send_error(send, exc)
-        send = in_one_shape(send)
+        send = with_request_id(in_one_shape(send), adopt(headers.get(REQUEST_ID_HEADER)))
         if scope["path"] in PUBLIC_PATHS or scope["path"].startswith("/docs"):
             return await self.app(scope, receive, send)
         length = headers.get("content-length")

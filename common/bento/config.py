@@ -4,7 +4,9 @@
 - ``gateway_service_config``: the entry service (port 3000, its bind address, TLS);
 - ``tracing_config``: BentoML wraps every service in OpenTelemetry's ASGI middleware, which builds
   a span per request even with no exporter (``bench.suite``'s profile shows its share of the
-  gateway's CPU). Unless ``GSAGE_TRACING`` is on, every URL is excluded: a pass-through.
+  gateway's CPU). Unless ``GSAGE_TRACING`` is on, every URL is excluded: a pass-through. On, the
+  spans go to ``GSAGE_TRACING_OTLP_ENDPOINT`` (OTLP over HTTP); ``common.request_context`` joins
+  them across the hops.
 
 BentoML applies the entry service's ``ssl`` config to whatever server the process starts: a
 runner started from the same bento with ``start-http-server --service-name GraphSAGERunner``
@@ -24,7 +26,15 @@ GATEWAY_PORT = 3000
 
 
 def tracing_config(serving: ServingSection) -> dict[str, Any]:
-    return {} if serving.tracing else {"excluded_urls": [".*"]}
+    if not serving.tracing:
+        return {"excluded_urls": [".*"]}
+    config: dict[str, Any] = {
+        "sample_rate": serving.tracing_sample_rate,
+        "excluded_urls": ["readyz", "livez", "metrics"],
+    }
+    if serving.tracing_otlp_endpoint:
+        config.update(exporter_type="otlp", otlp={"protocol": "http", "endpoint": serving.tracing_otlp_endpoint})
+    return config
 
 
 def runner_service_config(serving: ServingSection, workers: int) -> dict[str, Any]:

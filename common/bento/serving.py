@@ -35,8 +35,11 @@ def prepare_service_module() -> None:
     from here shares (before it starts any)."""
     from common.bento import traffic
     from common.bento.logs import quiet_client_errors
+    from common.request_context import enable_tracing
     from common.service_auth import ensure_shared_token
+    from common.settings import settings
 
+    enable_tracing(settings().serving.tracing)
     traffic.install()
     quiet_client_errors()
     ensure_shared_token()

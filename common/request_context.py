@@ -1,0 +1,58 @@
+"""A request's id and trace context, carried across the hops (gateway -> FeatureRunner -> model runner).
+
+- **Request id**: the gateway takes the client's ``X-Request-Id`` when it is a plain token (at most
+  64 characters of ``[A-Za-z0-9._:-]``), else makes one, and answers with it; every internal call
+  carries it (``outgoing``) and each runner adopts the one it was sent, so one id names the request
+  in every service's logs and spans.
+- **Traces** (``GSAGE_TRACING``): BentoML wraps each service in OpenTelemetry's ASGI middleware,
+  which opens a span per request (exported by ``GSAGE_TRACING_OTLP_ENDPOINT``). An internal call
+  carries the W3C ``traceparent`` of the span it is made in (OpenTelemetry's propagator), so the
+  callee's span joins the caller's trace: one slow request can be followed hop by hop. The span
+  gets the request id as its ``request.id`` attribute. A batch merged from several requests (the
+  gateway's coalescer, the runners' batchers) travels under the request that started it.
+
+The id lives in a context variable: set by the service's outermost middleware, it is seen by the
+handler and by every call the handler makes in that task.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from contextvars import ContextVar
+
+REQUEST_ID_HEADER = "x-request-id"
+_VALID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_current: ContextVar[str] = ContextVar("gsage_request_id", default="")
+_tracing = {"on": False}
+
+
+def enable_tracing(on: bool) -> None:
+    """Carry ``traceparent`` on internal calls (the service's tracing setting, at start)."""
+    _tracing["on"] = on
+
+
+def adopt(presented: str | None) -> str:
+    """This request's id: ``presented`` when it is a plain token, else a new one; set as current."""
+    request_id = presented if presented and _VALID.match(presented) else uuid.uuid4().hex
+    _current.set(request_id)
+    if _tracing["on"]:
+        from opentelemetry import trace
+
+        trace.get_current_span().set_attribute("request.id", request_id)
+    return request_id
+
+
+def current() -> str:
+    return _current.get()
+
+
+def outgoing() -> dict[str, str]:
+    """The headers of an internal call made for the current request."""
+    request_id = _current.get()
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    if _tracing["on"]:
+        from opentelemetry.propagate import inject
+
+        inject(headers)
+    return headers

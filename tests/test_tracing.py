@@ -1,0 +1,105 @@
+"""One request followed across the three services: the split app with ``GSAGE_TRACING`` exporting
+to an OTLP/HTTP receiver on loopback (this test's), the client's ``X-Request-Id`` answered back and
+found on a span of every service, all of them in one trace, each hop's span a child of its
+caller's."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from common import request_context
+from harness.app import SplitApp, running
+from harness.ports import free_port
+from tests.conftest import private_store
+
+SERVICES = {"Gateway", "FeatureRunner", "GraphSAGERunner"}
+
+
+def test_a_request_id_is_adopted_when_plain_and_made_otherwise():
+    assert request_context.adopt("req-1.a:b") == "req-1.a:b" == request_context.current()
+    assert request_context.outgoing() == {"X-Request-Id": "req-1.a:b"}
+    for bad in (None, "", "x" * 65, "two words", "a\r\nb"):
+        made = request_context.adopt(bad)
+        assert made != bad and len(made) == 32 and request_context.current() == made
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    spans: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    _Receiver.spans.append(
+                        {
+                            "service": resource.get("service.name", ""),
+                            "name": span.name,
+                            "trace": span.trace_id.hex(),
+                            "id": span.span_id.hex(),
+                            "parent": span.parent_span_id.hex(),
+                            "attributes": {a.key: a.value.string_value for a in span.attributes},
+                        }
+                    )
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        return None
+
+
+@pytest.mark.integration
+def test_one_request_is_one_trace_across_the_three_services(demo_store, tmp_path):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        "GSAGE_MODEL_TAGS": demo_store.v1,
+        "GSAGE_TRACING": "true",
+        "GSAGE_TRACING_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}/v1/traces",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within 0.1 s, not 5 s
+        "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "log"),
+    }
+    try:
+        with running(SplitApp(private_store(demo_store, tmp_path), env, log_dir=str(tmp_path))) as app:
+            answer = httpx.post(
+                app.gateway.url + "/predict",
+                json={"node_ids": [3, 5], "seed": 1},
+                headers={"X-Request-Id": "trace-me-1"},
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-request-id"] == "trace-me-1"
+            deadline = time.monotonic() + 20
+            tagged: list[dict] = []
+            while time.monotonic() < deadline:
+                tagged = [s for s in _Receiver.spans if s["attributes"].get("request.id") == "trace-me-1"]
+                if {s["service"] for s in tagged} >= SERVICES:
+                    break
+                time.sleep(0.2)
+            assert {s["service"] for s in tagged} >= SERVICES, (tagged, _Receiver.spans[:20])
+            traces = {s["trace"] for s in tagged}
+            assert len(traces) == 1, tagged
+            trace = [s for s in _Receiver.spans if s["trace"] in traces]
+            by_id = {s["id"]: s for s in trace}
+
+            def root_service(span: dict) -> str:
+                while span["parent"] in by_id:
+                    span = by_id[span["parent"]]
+                return span["service"]
+
+            # Every service's spans hang under the gateway's request span: hop by hop, one tree.
+            assert {root_service(s) for s in trace} == {"Gateway"}, trace
+    finally:
+        server.shutdown()
