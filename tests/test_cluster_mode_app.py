@@ -83,3 +83,79 @@ def test_the_app_serves_from_the_feature_cluster_without_features_npy(demo_store
             assert after.status_code == 200, after.text
             assert not np.allclose(_probs(after.json()), want[0][1:2])
             assert _hits(cluster) > hits_before  # the rows came from the cluster
+
+
+def test_two_replicas_of_each_service_agree_and_switch_to_a_compaction_without_a_failed_request(demo_store, tmp_path):
+    """Two gateways and two FeatureRunners (two whole apps) over one update log and one feature
+    cluster: an update made through one is read back through the other with ``min_sequence``, both
+    answer alike for the same seed, and a compaction under load on both loses no request."""
+    import asyncio
+
+    from common.bento.store import get_entry
+    from harness.load import closed_loop
+    from tests.conftest import wait_for
+
+    home = private_store(demo_store, tmp_path)
+    with bentoml_home(home):
+        entry = get_entry("graph-snapshot:latest")
+    with (
+        RedisCluster3(str(tmp_path / "cluster"), replicas=1) as cluster,
+        RedisServer(str(tmp_path / "log")) as log_redis,
+    ):
+        report = run_export(home, "load-features", "--snapshot", entry.tag, "--redis-url", cluster.url)
+        assert report["verified"], report
+        env = {
+            "GSAGE_MODEL_TAGS": demo_store.v1,
+            "GSAGE_SNAPSHOT_TAG": entry.tag,
+            "GSAGE_FEATURE_SOURCE": "redis",
+            "GSAGE_FEATURE_REDIS_URL": cluster.url,
+            "GSAGE_GRAPH_LOG_REDIS_URL": log_redis.url,
+        }
+        apps = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            apps.append(SplitApp(home, env, log_dir=str(tmp_path / name)))
+        a, b = apps
+        with running(a), running(b):
+            ack = httpx.post(
+                a.gateway.url + "/graph/updates",
+                json={"ops": [{"op": "set_features", "id": 7, "features": [2.0] * int(report["dim"])}]},
+                timeout=30,
+            )
+            assert ack.status_code == 200, ack.text
+            body = {"node_ids": [7, 8, 9], "seed": 5, "min_sequence": ack.json()["sequence"]}
+            answers = [httpx.post(app.gateway.url + "/predict", json=body, timeout=30) for app in apps]
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            np.testing.assert_allclose(_probs(answers[1].json()), _probs(answers[0].json()), atol=1e-6)
+
+            bodies = [_body(i) for i in range(400)]
+
+            async def compaction_under_load():
+                loads = [closed_loop(app.gateway.url + "/predict", bodies, 4, 6.0) for app in apps]
+                compact = asyncio.to_thread(httpx.post, a.gateway.url + "/admin/graph/compact", json={}, timeout=60)
+                return await asyncio.gather(*loads, compact)
+
+            load_a, load_b, compacted = asyncio.run(compaction_under_load())
+            assert compacted.status_code == 200, compacted.text
+            assert load_a.ok > 0 and load_b.ok > 0 and not load_a.errors and not load_b.errors, (
+                load_a.errors,
+                load_b.errors,
+            )
+            result = compacted.json()
+            with bentoml_home(home):
+                folded = get_entry(result["snapshot"])
+            assert not os.path.exists(os.path.join(folded.path, "features.npy"))  # row versions, not rows
+            after = {**body, "min_sequence": result["announced_at"]}
+
+            def switched(app: SplitApp) -> bool:
+                r = httpx.post(app.gateway.url + "/predict", json=after, timeout=30)
+                return r.status_code == 200 and np.allclose(_probs(r.json()), _probs(answers[0].json()), atol=1e-6)
+
+            for app in apps:
+                assert wait_for(lambda app=app: switched(app), 30), app.logs()[-3000:]
+
+
+def _body(i: int) -> bytes:
+    import json
+
+    return json.dumps({"node_ids": [i % 500], "seed": i}).encode()

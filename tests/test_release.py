@@ -564,3 +564,88 @@ def test_bentocloud_config_matches_the_deployment_schema():
     assert gpu.instance_type.startswith("gpu.") and gpu.scaling.policy.metrics[0].type == "gpu"
     assert schema.services["Gateway"].config_overrides["traffic"]["concurrency"] > 0
     assert {m.type for m in schema.services["FeatureRunner"].scaling.policy.metrics} == {"memory", "qps"}
+
+
+CLUSTER_MODE_DIR = ROOT / "bentos" / "k8s-cluster-mode"
+
+
+def _pointer_patch(doc: dict, ops: list[dict]) -> None:
+    """Apply kustomize's JSON 6902 ``add`` / ``replace`` ops (the only ones the overlay uses)."""
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            assert op["op"] == "replace" and int(last) < len(node), op
+            node[int(last)] = op["value"]
+        else:
+            assert op["op"] == "add" or last in node, f"{op['path']}: nothing to replace"
+            node[last] = op["value"]
+
+
+def _cluster_mode_docs() -> list[dict]:
+    """The base's objects with the overlay's patches applied, plus the overlay's own (what
+    `kubectl apply -k bentos/k8s-cluster-mode` applies), and the on-demand loader Job."""
+    kustomization = yaml.safe_load((CLUSTER_MODE_DIR / "kustomization.yaml").read_text())
+    assert kustomization["resources"][0] == "../k8s"
+    docs = [d for p in _k8s_files() if p.parent == K8S_DIR for d in yaml.safe_load_all(p.read_text()) if d]
+    for name in [*kustomization["resources"][1:], "load-features.yaml"]:
+        docs += [d for d in yaml.safe_load_all((CLUSTER_MODE_DIR / name).read_text()) if d]
+    for patch in kustomization["patches"]:
+        target = patch["target"]
+        matches = [d for d in docs if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]]
+        assert len(matches) == 1, target
+        _pointer_patch(matches[0], yaml.safe_load(patch["patch"]))
+    return docs
+
+
+def test_k8s_cluster_mode_overlay_validates_and_wires_the_feature_cluster():
+    from common.settings import load_settings
+
+    docs = _cluster_mode_docs()
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    for doc in docs:
+        kv.validate(doc, kv.latest_version(), strict=True)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    config = by[("ConfigMap", "graphsage-config")]["data"]
+    cfg = load_settings({k: v for k, v in config.items() if k.startswith("GSAGE_")})  # a bad value raises
+    assert cfg.feature_source == "redis" and cfg.feature_cluster_url.startswith("redis+cluster://redis-cluster:")
+    redis_conf = by[("ConfigMap", "redis-cluster-config")]["data"]["redis.conf"]
+    for line in ("maxmemory-policy noeviction", "appendonly yes"):  # an authority: nothing evicted or forgotten
+        assert line in redis_conf.splitlines(), redis_conf
+    hpa = by[("HorizontalPodAutoscaler", "feature-runner")]["spec"]["metrics"]
+    assert [m["resource"]["name"] for m in hpa if m["type"] == "Resource"] == ["cpu"]  # memory is no longer load
+    job = by[("Job", "graphsage-load-features")]["spec"]["template"]
+    assert "python -m training_export.load_features" in job["spec"]["containers"][0]["args"][0]
+    assert job["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "graphsage-models"
+    # The loader's hop is admitted at both ends (under the base's default deny).
+    labels = job["metadata"]["labels"]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    out = [p for p in policies if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+    assert any(
+        to["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "redis-cluster"}
+        for p in out
+        for rule in p["spec"].get("egress", [])
+        for to in rule["to"]
+        if "podSelector" in to and "namespaceSelector" not in to
+    )
+    into_redis = [
+        p for p in policies if p["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "redis-cluster"}}
+    ]
+    assert any(
+        src.get("podSelector", {}).get("matchLabels") == labels
+        for p in into_redis
+        for rule in p["spec"].get("ingress", [])
+        for src in rule["from"]
+    )
+
+
+def test_the_loader_runs_without_the_training_packages():
+    """The serving image has no pyarrow or torch: the loader's module must not need them."""
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; sys.modules['torch'] = None\n"
+        "import training_export.load_features as m; m.add_arguments"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -190,39 +189,10 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_load_features(args: argparse.Namespace) -> dict[str, Any]:
-    """Fill the feature cluster with a snapshot's rows (resumable), verify, record it in the store."""
-    import dataclasses
+    """Fill the feature cluster with a snapshot's rows (``training_export.load_features``)."""
+    from training_export.load_features import run
 
-    from common.settings import load_settings
-    from runners.feature.authority import authority_for
-    from training_export.load_features import load_features, record_in_store, redacted
-
-    cfg = load_settings({**os.environ, **({"GSAGE_FEATURE_REDIS_URL": args.redis_url} if args.redis_url else {})})
-    if not cfg.feature_cluster_url:
-        raise SystemExit("load-features needs --redis-url, GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
-    snapshot = load_snapshot(args.snapshot)
-
-    async def run() -> Any:
-        authority = authority_for(cfg, snapshot.feature_set, snapshot.feature_dim)
-        try:
-            return await load_features(
-                snapshot, authority, batch_rows=args.batch_rows, restart=args.restart, verify=not args.no_verify
-            )
-        finally:
-            await authority.close()
-
-    _log(
-        f"loading {snapshot.tag} ({snapshot.num_nodes:,} rows of {snapshot.feature_dim}) into "
-        f"{redacted(cfg.feature_cluster_url)} as feature set {snapshot.feature_set!r}"
-    )
-    report = asyncio.run(run())
-    if report.verified:
-        report.store_entry = record_in_store(report, cfg.feature_cluster_url)
-    _log(
-        f"  {report.rows_written:,} rows written from row {report.resumed_from:,} at {report.rows_per_s:,.0f} rows/s; "
-        f"verified: {report.verified} ({report.rows_found:,} found, {report.rows_differing} differing)"
-    )
-    return {**dataclasses.asdict(report), "passed": report.verified or args.no_verify}
+    return run(args)
 
 
 def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
@@ -301,11 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-announce", action="store_true", help="save the snapshot only; the FeatureRunners keep theirs")
     p.set_defaults(func=cmd_compact)
     p = sub.add_parser("load-features", help="write a snapshot's feature rows into the feature cluster (Redis)")
-    p.add_argument("--snapshot", default="graph-snapshot:latest")
-    p.add_argument("--redis-url", default="", help="default: GSAGE_FEATURE_REDIS_URL, else GSAGE_REDIS_URL")
-    p.add_argument("--batch-rows", type=int, default=4096, help="rows per write (each master's share in one EVAL)")
-    p.add_argument("--restart", action="store_true", help="load from row 0, not from where a stopped load stopped")
-    p.add_argument("--no-verify", action="store_true", help="skip reading every row back (the runners then refuse it)")
+    from training_export.load_features import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=cmd_load_features)
     p = sub.add_parser("parity", help="parity of all aggregators: PyG vs dense torch vs ONNX Runtime")
     p.add_argument("--snapshot", default=None, help="stored snapshot tag; default: a small generated graph")

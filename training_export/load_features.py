@@ -1,4 +1,6 @@
-"""Fill the feature cluster from a snapshot: ``python -m training_export load-features``.
+"""Fill the feature cluster from a snapshot: ``python -m training_export load-features`` (or
+``python -m training_export.load_features``, which the serving image runs: it needs none of the
+training packages).
 
 The rows go in batches, each master's share in one ``EVAL`` followed by ``WAIT`` for its replicas
 (``runners.feature.authority.FeatureAuthority.write``), so a loaded row survives a failover. The
@@ -13,8 +15,13 @@ cluster, rows, width, checksum).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import dataclasses
 import hashlib
+import json
+import os
+import sys
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -174,3 +181,63 @@ def record_in_store(report: LoadReport, cluster_url: str) -> str:
         with open(f"{entry.path}/manifest.txt", "w") as out:
             out.write(f"{report.snapshot} -> {redacted(cluster_url)} ({report.rows} rows, sha256 {report.sha256})\n")
     return entry.tag
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--snapshot", default="graph-snapshot:latest")
+    p.add_argument("--redis-url", default="", help="default: GSAGE_FEATURE_REDIS_URL, else GSAGE_REDIS_URL")
+    p.add_argument(
+        "--batch-rows", type=int, default=BATCH_ROWS, help="rows per write (each master's share in one EVAL)"
+    )
+    p.add_argument("--restart", action="store_true", help="load from row 0, not from where a stopped load stopped")
+    p.add_argument("--no-verify", action="store_true", help="skip reading every row back (the runners then refuse it)")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load, verify, record in the store (when verified); the report as a dict (``passed``)."""
+    from common.settings import load_settings
+    from runners.feature.authority import authority_for
+    from runners.feature.snapshot import load_snapshot
+
+    cfg = load_settings({**os.environ, **({"GSAGE_FEATURE_REDIS_URL": args.redis_url} if args.redis_url else {})})
+    if not cfg.feature_cluster_url:
+        raise SystemExit("load-features needs --redis-url, GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
+    snapshot = load_snapshot(args.snapshot)
+
+    async def load() -> LoadReport:
+        authority = authority_for(cfg, snapshot.feature_set, snapshot.feature_dim)
+        try:
+            return await load_features(
+                snapshot, authority, batch_rows=args.batch_rows, restart=args.restart, verify=not args.no_verify
+            )
+        finally:
+            await authority.close()
+
+    _log(
+        f"loading {snapshot.tag} ({snapshot.num_nodes:,} rows of {snapshot.feature_dim}) into "
+        f"{redacted(cfg.feature_cluster_url)} as feature set {snapshot.feature_set!r}"
+    )
+    report = asyncio.run(load())
+    if report.verified:
+        report.store_entry = record_in_store(report, cfg.feature_cluster_url)
+    _log(
+        f"  {report.rows_written:,} rows written from row {report.resumed_from:,} at {report.rows_per_s:,.0f} rows/s; "
+        f"verified: {report.verified} ({report.rows_found:,} found, {report.rows_differing} differing)"
+    )
+    return {**dataclasses.asdict(report), "passed": report.verified or args.no_verify}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training_export.load_features", description=__doc__)
+    add_arguments(parser)
+    result = run(parser.parse_args(argv))
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
