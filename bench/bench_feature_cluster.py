@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.server
 import json
 import os
 import subprocess
@@ -49,56 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "feature_cluster.json"
 
+from harness.memory_limit import MemoryLimit  # noqa: E402
+from harness.ready_stub import ReadyStub  # noqa: E402
+
 
 def percentile_ms(values: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(values) * 1000, q)), 3) if values else float("nan")
 
 
 # -- one FeatureRunner service, one mode ------------------------------------------------------
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
-
-
-class MemoryLimit:
-    """A cgroup (v1) whose ``memory.limit_in_bytes`` a child runs under, as a container's limit
-    would hold it: its anonymous memory and the page cache of the files it reads are charged."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.path = CGROUP_ROOT / f"gsage-bench-{os.getpid()}-{time.monotonic_ns()}"
-        self.path.mkdir()
-        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        self.limit_bytes = limit_bytes
-
-    @staticmethod
-    def available() -> str:
-        """Empty when a cgroup can be made here, else why not."""
-        try:
-            probe = CGROUP_ROOT / f"gsage-probe-{os.getpid()}"
-            probe.mkdir()
-            probe.rmdir()
-        except OSError as exc:
-            return f"no writable cgroup v1 memory controller at {CGROUP_ROOT} ({exc})"
-        return ""
-
-    def enter(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def figures(self) -> dict[str, Any]:
-        read = lambda name: int((self.path / name).read_text())  # noqa: E731
-        return {
-            "limit_mb": round(self.limit_bytes / 2**20, 1),
-            "max_usage_mb": round(read("memory.max_usage_in_bytes") / 2**20, 1),
-            "limit_hit": read("memory.failcnt"),
-        }
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
 
 
 def bodies(num_nodes: int, warm: bool, n: int = 20_000) -> list[bytes]:
@@ -122,26 +80,6 @@ def memory(svc: Any) -> dict[str, float]:
             continue
         rss, uss = rss + info.rss, uss + info.uss
     return {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(uss / 2**20, 1)}
-
-
-class _Ready(http.server.BaseHTTPRequestHandler):
-    """The model runner's stand-in: ready, and nothing else (``/features`` never calls it)."""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_: Any) -> None:
-        return None
-
-
-def ready_stub() -> str:
-    from harness.ports import free_port
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Ready)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def redis_cpu_s(cluster: Any) -> float:
@@ -236,7 +174,7 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="gsage-cluster-bench-home-")
     os.environ["BENTOML_HOME"] = home
     args.log_dir = tempfile.mkdtemp(prefix="gsage-cluster-bench-logs-")
-    args.model_stub = ready_stub()
+    args.model_stub = ReadyStub().url
 
     from harness.redis_servers import RedisCluster3
     from runners.feature.authority import AuthorityPolicy, FeatureAuthority

@@ -159,3 +159,88 @@ def _body(i: int) -> bytes:
     import json
 
     return json.dumps({"node_ids": [i % 500], "seed": i}).encode()
+
+
+def test_a_feature_runner_whose_memory_limit_is_below_the_features_serves_from_the_cluster(tmp_path):
+    """A graph whose features (200k x 512 float32: 391 MB) are larger than the FeatureRunner's
+    memory limit (a cgroup, as a container's limit): in cluster mode it starts and serves the same
+    rows the snapshot holds, the limit never reached."""
+    import asyncio
+
+    from common.feature_runner_api import FEATURE_TENSOR
+    from common.settings import load_settings
+    from harness.app import Service, service_headers
+    from harness.memory_limit import MemoryLimit
+    from harness.ports import free_port
+    from harness.ready_stub import ReadyStub
+    from runners.feature.cache.tiered import build_feature_store
+    from runners.feature.graph import LiveGraph
+    from runners.feature.neighbourhood import NeighbourhoodBuilder
+    from runners.feature.snapshot import load_snapshot, save_snapshot
+    from training_export.synthetic import SyntheticGraphSpec, generate
+
+    why_not = MemoryLimit.available()
+    if why_not:
+        pytest.skip(why_not)
+    home = str(tmp_path / "bentoml")
+    with bentoml_home(home):
+        snap = generate(SyntheticGraphSpec(num_nodes=200_000, num_edges=1_000_000, feature_dim=512), progress=False)
+        tag = save_snapshot(snap)
+    features_bytes = snap.features.nbytes
+    with RedisCluster3(str(tmp_path / "cluster"), replicas=1) as cluster:
+        report = run_export(
+            home, "load-features", "--snapshot", tag, "--redis-url", cluster.url, "--batch-rows", "1024"
+        )
+        assert report["verified"], report
+        env = {
+            **os.environ,
+            "BENTOML_HOME": home,
+            "BENTOML_DO_NOT_TRACK": "true",
+            "GSAGE_SNAPSHOT_TAG": tag,
+            "GSAGE_FEATURE_SOURCE": "redis",
+            "GSAGE_FEATURE_REDIS_URL": cluster.url,
+            "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "log"),
+            "GSAGE_L1_BYTES": str(16 << 20),
+        }
+        # The model runner is never called by /features; its URL only has to answer /readyz.
+        stub = ReadyStub()
+        svc = Service("FeatureRunner", free_port(), env, depends={"GraphSAGERunner": stub.url}, log_dir=str(tmp_path))
+        with MemoryLimit(int(features_bytes * 0.9)) as limit:
+            svc.launch()
+            try:
+                limit.enter(svc.proc.pid)
+                svc.wait_ready(180)
+                targets = [0, 17, 4242, 199_999]
+                answers = [
+                    httpx.post(
+                        svc.url + "/features",
+                        json={"node_ids": [t], "fanout": [10, 5], "seed": 3},
+                        headers=service_headers(env),
+                        timeout=30,
+                    )
+                    for t in targets
+                ]
+                assert all(r.status_code == 200 for r in answers), [r.text[:300] for r in answers]
+                for _ in range(200):  # enough requests to touch many rows across the cluster
+                    r = httpx.post(
+                        svc.url + "/features",
+                        json={"node_ids": [int(np.random.randint(200_000))], "fanout": [25, 10]},
+                        headers=service_headers(env),
+                        timeout=30,
+                    )
+                    assert r.status_code == 200, r.text[:300]
+                figures = limit.figures()
+            finally:
+                svc.stop()
+                stub.stop()
+        assert figures["limit_hit"] == 0 and figures["max_usage_mb"] < features_bytes / 2**20, figures
+    # The rows served are the snapshot's (the local mode, in this process, for the same seeds).
+    with bentoml_home(home):
+        graph = LiveGraph(load_snapshot(tag))
+        cfg = load_settings({})
+        local = NeighbourhoodBuilder(
+            graph, build_feature_store(cfg.feature_cache, cfg.redis, graph.base.features, tag, graph), (25, 10), 64, 0
+        )
+        for t, r in zip(targets, answers, strict=True):
+            want = asyncio.run(local.build([local.validate(np.array([t]), (10, 5), 3)]))[0]
+            np.testing.assert_array_equal(FEATURE_TENSOR.decode(r.content).features, want.features)
