@@ -9,7 +9,9 @@
   carries the W3C ``traceparent`` of the span it is made in (OpenTelemetry's propagator), so the
   callee's span joins the caller's trace: one slow request can be followed hop by hop. The span
   gets the request id as its ``request.id`` attribute. A batch merged from several requests (the
-  gateway's coalescer, the runners' batchers) travels under the request that started it.
+  gateway's coalescer, the runners' batchers) travels under the request that started it. The
+  gateway's gRPC calls get their span from ``common.bento.tracing`` (BentoML traces HTTP only) and
+  answer the id in their trailing metadata.
 
 The id lives in a context variable: set by the service's outermost middleware, it is seen by the
 handler and by every call the handler makes in that task.
@@ -30,6 +32,10 @@ _tracing = {"on": False}
 def enable_tracing(on: bool) -> None:
     """Carry ``traceparent`` on internal calls (the service's tracing setting, at start)."""
     _tracing["on"] = on
+
+
+def tracing_enabled() -> bool:
+    return _tracing["on"]
 
 
 def adopt(presented: str | None) -> str:

@@ -48,8 +48,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
+from common.bento.tracing import server_span
 from common.errors import ApiError
 from common.graph_ops import BY_NAME
+from common.request_context import REQUEST_ID_HEADER, adopt, tracing_enabled
 from common.request_headers import RequestHeaders
 from services.access import GatewayAccess
 from services.answer import Answer
@@ -236,11 +238,26 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         method: str,
         scope: str = "predict",
     ) -> Any:
+        metadata = [(k, v) for k, v in context.invocation_metadata() or () if isinstance(v, str)]
+        # The request's id (the client's x-request-id, or a new one), answered in the trailers.
+        sent = [v for k, v in metadata if k == REQUEST_ID_HEADER]
+        request_id = ((REQUEST_ID_HEADER, adopt(sent[0] if len(sent) == 1 else None)),)
+        context.set_trailing_metadata(request_id)
         try:
             if isinstance(request, _Malformed):
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
-            await self._admit(context, scope)
-            return await body(request)
+            if not tracing_enabled():
+                await self._admit(context, scope)
+                return await body(request)
+            # BentoML traces its HTTP server only: the gRPC call gets its span here, and the core's
+            # internal calls carry it on (common.request_context).
+            with server_span(
+                f"grpc {method}",
+                dict(metadata),
+                {"rpc.system": "grpc", "rpc.method": method, "request.id": request_id[0][1]},
+            ):
+                await self._admit(context, scope)
+                return await body(request)
         except _Reject as exc:
             failure = exc
         except ApiError as exc:
@@ -248,7 +265,7 @@ class GraphSAGEServicer(pb_grpc.GraphSAGEServicer):
         except Exception:
             log.exception("gRPC %s failed", method)
             failure = _Reject(grpc.StatusCode.INTERNAL, "internal error")
-        trailers = failure.trailers
+        trailers = (*failure.trailers, *request_id)
         if failure.code == grpc.StatusCode.UNAVAILABLE and not any(k == "retry-after" for k, _ in trailers):
             trailers += (("retry-after", "1"),)  # as HTTP: every 503 says when to retry
         # Outside the try: abort() ends the RPC by raising.

@@ -1,7 +1,7 @@
-"""One request followed across the three services: the split app with ``GSAGE_TRACING`` exporting
-to an OTLP/HTTP receiver on loopback (this test's), the client's ``X-Request-Id`` answered back and
-found on a span of every service, all of them in one trace, each hop's span a child of its
-caller's."""
+"""One request (over HTTP, then over gRPC) followed across the three services: the split app with
+``GSAGE_TRACING`` exporting to an OTLP/HTTP receiver on loopback (this test's), the client's
+``X-Request-Id`` answered back and found on a span of every service, all of them in one trace,
+each hop's span a child of its caller's."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 from common import request_context
 from harness.app import SplitApp, running
 from harness.ports import free_port
+from services.grpc_client import build_request, channel
+from services.grpc_client import pb_grpc as stubs
 from tests.conftest import private_store
 
 SERVICES = {"Gateway", "FeatureRunner", "GraphSAGERunner"}
@@ -70,6 +72,7 @@ def test_one_request_is_one_trace_across_the_three_services(demo_store, tmp_path
         "GSAGE_TRACING_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}/v1/traces",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within 0.1 s, not 5 s
         "GSAGE_GRAPH_LOG_DIR": str(tmp_path / "log"),
+        "GSAGE_GRPC_PORT": str(free_port()),
     }
     try:
         with running(SplitApp(private_store(demo_store, tmp_path), env, log_dir=str(tmp_path))) as app:
@@ -101,5 +104,20 @@ def test_one_request_is_one_trace_across_the_three_services(demo_store, tmp_path
 
             # Every service's spans hang under the gateway's request span: hop by hop, one tree.
             assert {root_service(s) for s in trace} == {"Gateway"}, trace
+
+            # The same over gRPC: the id in the trailers, the three services in one trace again.
+            with channel(f"127.0.0.1:{env['GSAGE_GRPC_PORT']}") as ch:
+                _, call = stubs.GraphSAGEStub(ch).Predict.with_call(
+                    build_request([3, 5], seed=1), metadata=[("x-request-id", "trace-me-grpc")], timeout=30
+                )
+            assert ("x-request-id", "trace-me-grpc") in list(call.trailing_metadata())
+            grpc_tagged: list[dict] = []
+            while time.monotonic() < deadline + 20:
+                grpc_tagged = [s for s in _Receiver.spans if s["attributes"].get("request.id") == "trace-me-grpc"]
+                if {s["service"] for s in grpc_tagged} >= SERVICES:
+                    break
+                time.sleep(0.2)
+            assert {s["service"] for s in grpc_tagged} >= SERVICES, grpc_tagged
+            assert len({s["trace"] for s in grpc_tagged}) == 1, grpc_tagged
     finally:
         server.shutdown()

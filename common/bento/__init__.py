@@ -11,7 +11,8 @@ checks that the installed BentoML is a version these modules were written and te
 - ``openapi``: the gateway's OpenAPI document, declared as what it is, with every route and its errors;
 - ``launch``: the command that starts one service of a bento (``start-http-server``);
 - ``store``: model-store entries read and written, and this process's stores pointed at a BentoML home;
-- ``release``: a bento's container build context and the container backends.
+- ``release``: a bento's container build context and the container backends;
+- ``tracing``: BentoML's tracer provider, for the spans of the gateway's own gRPC server.
 """
 
 from __future__ import annotations
