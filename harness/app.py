@@ -21,9 +21,10 @@ from harness.processes import ROOT, ServiceProcess
 AppT = TypeVar("AppT", "SplitApp", "ColocatedApp")
 
 
-def run_export(home: str, *args: str) -> dict:
-    """Run ``python -m training_export ...`` against ``home``; returns its JSON result."""
-    env = {**os.environ, "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}
+def run_export(home: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    """Run ``python -m training_export ...`` against ``home`` (with ``env`` added to this
+    process's environment); returns its JSON result."""
+    env = {**os.environ, **(env or {}), "BENTOML_HOME": home, "BENTOML_DO_NOT_TRACK": "true"}
     out = subprocess.run(
         [sys.executable, "-m", "training_export", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

@@ -1,15 +1,19 @@
 """The split app in cluster mode (``GSAGE_FEATURE_SOURCE=redis``): the snapshot's rows loaded into
 a Redis Cluster (3 masters + 3 replicas) by ``python -m training_export load-features``, then
 ``features.npy`` removed from the store: the three services start, answer as the local mode did
-for the same seed, and an update is read back through the gateway (``min_sequence``)."""
+for the same seed, and an update is read back through the gateway (``min_sequence``); two whole
+apps over one log and one cluster agree, switch to a compaction under load, and serve on after
+``python -m training_export prune-features`` deleted the row versions it superseded."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
 import numpy as np
 import pytest
+import redis
 
 from harness.app import SplitApp, run_export, running
 from harness.redis_servers import RedisCluster3, RedisServer, redis_available
@@ -154,10 +158,24 @@ def test_two_replicas_of_each_service_agree_and_switch_to_a_compaction_without_a
             for app in apps:
                 assert wait_for(lambda app=app: switched(app), 30), app.logs()[-3000:]
 
+            # Once both FeatureRunners report the compacted snapshot in the log, the row versions it
+            # superseded are pruned (row 7 as loaded); under load again, no request misses a row.
+            def statuses() -> list[dict]:
+                raw = redis.Redis.from_url(log_redis.url).hgetall("{gsage-updates}:workers")
+                return [json.loads(v) for v in raw.values()]
+
+            assert wait_for(lambda: {s["snapshot"] for s in statuses()} == {result["snapshot"]}, 30), statuses()
+            prune_env = {"GSAGE_GRAPH_LOG_REDIS_URL": log_redis.url, "GSAGE_FEATURE_REDIS_URL": cluster.url}
+            pruned = run_export(home, "prune-features", env=prune_env)
+            assert pruned["passed"] and pruned["snapshot"] == result["snapshot"], pruned
+            assert pruned["versions_deleted"] >= 1 and len(pruned["workers"]) == 2, pruned
+            fresh = [json.dumps({"node_ids": [1000 + i], "seed": i}).encode() for i in range(400)]
+            after_prune = [asyncio.run(closed_loop(app.gateway.url + "/predict", fresh, 4, 3.0)) for app in apps]
+            assert all(r.ok > 0 and not r.errors for r in after_prune), [r.errors for r in after_prune]
+            assert all(switched(app) for app in apps)
+
 
 def _body(i: int) -> bytes:
-    import json
-
     return json.dumps({"node_ids": [i % 500], "seed": i}).encode()
 
 

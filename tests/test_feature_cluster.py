@@ -1,14 +1,16 @@
 """Cluster mode against a real Redis Cluster (3 masters + 3 replicas on loopback): the loader
 (resume, verification, the store's record), answers equal to the local mode's, updates written
 to the cluster before they are acknowledged, replicas over one Redis Streams log that converge, a
-late replica that catches up, a compaction that rewrites no rows, and a master killed during a
-stream of updates with every acknowledged update readable afterwards."""
+late replica that catches up, a compaction that rewrites no rows, a master killed during a
+stream of updates with every acknowledged update readable afterwards, and the prune of the row
+versions no replica reads any more."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import dataclasses
+import itertools
 import os
 
 import numpy as np
@@ -34,10 +36,12 @@ from runners.feature.snapshot import load_snapshot, save_snapshot
 from runners.feature.update_log.redis_log import RedisUpdateLog
 from tests.graphs import small_graph
 from training_export.load_features import FEATURES_ENTRY, load_features
+from training_export.prune_features import WorkersBehind, prune_features, superseded
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server / redis-cli not installed")
 POLICY = AuthorityPolicy(read_timeout_s=0.5, write_timeout_s=2.0, failover_wait_s=15.0, write_replicas=1)
 FANOUT = (10, 5)
+_REPLICA_NUMBERS = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,7 @@ class Replica:
             poll_interval_s=0.01,
             row_writer=auth.write,
             load=load_without_rows,
+            worker=f"replica-{next(_REPLICA_NUMBERS)}",  # as separate processes are: each its own status
         )
         return cls(keeper, builder, auth)
 
@@ -337,3 +342,83 @@ def test_a_slot_that_stays_unreachable_is_a_clear_503_and_no_update_is_acknowled
 
     with RedisCluster3(str(tmp_path / "down"), replicas=0) as c:
         asyncio.run(main(c))
+
+
+def test_superseded_versions_are_the_ones_a_compacted_snapshot_no_longer_names():
+    names = [b"3", b"3.1", b"3.2", b"3.6", b"4", b"4.4", b"5", b"_manifest", b"900.2", b"x.1"]
+    row_sequence = np.zeros(600, np.int64)
+    row_sequence[[3, 4]] = [2, 4]
+    dead, rows = superseded(names, row_sequence, 600, upto=4)
+    # 3 and 3.1: older than the snapshot's version 2; 4: older than 4.4; 3.6 came after the
+    # compaction; 5 is the snapshot's own; 900 is outside the snapshot; the rest are not rows.
+    assert [names[p] for p in dead] == [b"3", b"3.1", b"4"] and rows == 8
+    assert superseded(names, None, 600, upto=4)[0] == [1, 2, 5]  # no row_sequence: every row as loaded
+
+
+def test_pruning_waits_for_every_worker_and_deletes_only_unread_versions(cluster, stored, redis_standalone):
+    row = np.full(stored.feature_dim, 0.5, np.float32)
+
+    async def statuses_at(log, sequence: int, workers: int) -> dict:
+        for _ in range(200):  # the workers publish their status every second
+            statuses = await log.statuses()
+            if len(statuses) >= workers and all(s["snapshot_sequence"] >= sequence for s in statuses.values()):
+                return statuses
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the workers did not report snapshot sequence {sequence}: {statuses}")
+
+    async def main():
+        await loaded(cluster, stored)
+        a = await Replica.start_over(cluster, stored.tag, redis_standalone.url).start()
+        b = await Replica.start_over(cluster, stored.tag, redis_standalone.url).start()
+        log = RedisUpdateLog.from_url(redis_standalone.url)
+        late = pruner = None
+        try:
+            for k in range(3):  # row 3 set three times: versions 1, 2, 3
+                await a.keeper.submit([{"op": "set_features", "id": 3, "features": (row * (k + 1)).tolist()}])
+            await a.keeper.submit([{"op": "set_features", "id": 4, "features": (row * 9).tolist()}])  # 4.4
+            result = await a.keeper.compact()  # folds 1..4
+            after = await a.keeper.submit([{"op": "set_features", "id": 3, "features": (row * 7).tolist()}])
+            for r in (a, b):
+                await r.keeper.wait_for(after.sequence, 10.0)
+            snap = load_without_rows(result["snapshot"])
+            assert snap.log_sequence == 4 and snap.feature_set == stored.feature_set
+            pruner = authority(cluster, snap)
+            key = pruner.rows.key
+
+            # A worker that still serves the loaded snapshot holds the prune back, by name.
+            await log.publish_status("stale-worker", {"snapshot": stored.tag, "snapshot_sequence": 0})
+            with pytest.raises(WorkersBehind, match="stale-worker"):
+                await prune_features(snap, pruner, await log.statuses(), progress=False)
+            await log.client.hdel(log.workers_key, "stale-worker")
+            statuses = await statuses_at(log, 4, workers=2)
+
+            dry = await prune_features(snap, pruner, statuses, dry_run=True, progress=False)
+            assert dry.versions_deleted == 4 and await pruner.rows.client.exists(key("3.1")) == 1
+            targets = np.array([3, 4, 5, 10, 11])
+            before = await a.tensor(targets)
+            report = await prune_features(snap, pruner, statuses, progress=False)
+            # Deleted: 3 and 4 as loaded, 3.1 and 3.2; kept: 3.3 (the snapshot's), 4.4, 3.6 (after it;
+            # 5 is the compaction's announcement).
+            assert (report.versions_deleted, report.versions_kept) == (4, stored.num_nodes + 1), report
+            held = [
+                await pruner.rows.client.exists(key(n))
+                for n in ("3", "3.1", "3.2", "3.3", "4", "4.4", f"3.{after.sequence}", "5")
+            ]
+            assert held == [0, 0, 0, 1, 0, 1, 1, 1]
+            assert (await prune_features(snap, pruner, statuses, progress=False)).versions_deleted == 0  # idempotent
+
+            # Every replica, and one started now from the compacted snapshot, serves the same answers
+            # from the cluster (L1 emptied): no row it reads was deleted.
+            late = await Replica.start_over(cluster, result["snapshot"], redis_standalone.url).start()
+            for r in (a, b, late):
+                r.builder.store.l1.invalidate(targets)
+                same_tensor(await r.tensor(targets), before)
+        finally:
+            for r in (a, b, late):
+                if r is not None:
+                    await r.close()
+            if pruner is not None:
+                await pruner.close()
+            await log.close()
+
+    asyncio.run(main())

@@ -195,6 +195,13 @@ def cmd_load_features(args: argparse.Namespace) -> dict[str, Any]:
     return run(args)
 
 
+def cmd_prune_features(args: argparse.Namespace) -> dict[str, Any]:
+    """Delete superseded row versions (``training_export.prune_features``)."""
+    from training_export.prune_features import run
+
+    return run(args)
+
+
 def cmd_parity(args: argparse.Namespace) -> dict[str, Any]:
     """Train each aggregator briefly and check the served form against PyG."""
     import tempfile
@@ -275,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=cmd_load_features)
+    p = sub.add_parser(
+        "prune-features", help="delete the row versions in the feature cluster that no FeatureRunner reads any more"
+    )
+    from training_export.prune_features import add_arguments as add_prune_arguments
+
+    add_prune_arguments(p)
+    p.set_defaults(func=cmd_prune_features)
     p = sub.add_parser("parity", help="parity of all aggregators: PyG vs dense torch vs ONNX Runtime")
     p.add_argument("--snapshot", default=None, help="stored snapshot tag; default: a small generated graph")
     p.add_argument("--targets", type=int, default=256)
