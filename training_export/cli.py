@@ -129,13 +129,10 @@ def _int8_arg(p: argparse.ArgumentParser) -> None:
 def _update_log() -> Any:
     """The update log the services use (the same GSAGE_GRAPH_LOG* and GSAGE_REDIS_URL settings)."""
     from common.settings import load_settings
-    from runners.feature.update_log import update_log_from
+    from runners.feature.update_log import update_log_of
 
     cfg = load_settings()
-    log_ = update_log_from(
-        cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file, cfg.graph_log_key
-    )
-    return log_, cfg
+    return update_log_of(cfg), cfg
 
 
 def live_snapshot(tag: str) -> GraphSnapshot:

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -193,19 +194,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip reading every row back (the runners then refuse it)")
 
 
-def _log(msg: str) -> None:
+def log_line(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def cluster_settings(redis_url: str, command: str) -> Any:
+    """The settings, with ``--redis-url`` (when given) as the feature cluster's; a clear exit when
+    none names a cluster."""
+    from common.settings import load_settings
+
+    cfg = load_settings({**os.environ, **({"GSAGE_FEATURE_REDIS_URL": redis_url} if redis_url else {})})
+    if not cfg.feature_cluster_url:
+        raise SystemExit(f"{command} needs --redis-url, GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
+    return cfg
+
+
+def job_main(
+    prog: str,
+    doc: str | None,
+    add: Callable[[argparse.ArgumentParser], None],
+    run_job: Callable[[argparse.Namespace], dict[str, Any]],
+    argv: list[str] | None = None,
+) -> int:
+    """A job's own entry point: its report as JSON on stdout, exit 1 unless it ``passed``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    add(parser)
+    result = run_job(parser.parse_args(argv))
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["passed"] else 1
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load, verify, record in the store (when verified); the report as a dict (``passed``)."""
-    from common.settings import load_settings
     from runners.feature.authority import authority_for
     from runners.feature.snapshot import load_snapshot
 
-    cfg = load_settings({**os.environ, **({"GSAGE_FEATURE_REDIS_URL": args.redis_url} if args.redis_url else {})})
-    if not cfg.feature_cluster_url:
-        raise SystemExit("load-features needs --redis-url, GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
+    cfg = cluster_settings(args.redis_url, "load-features")
     snapshot = load_snapshot(args.snapshot)
 
     async def load() -> LoadReport:
@@ -217,14 +241,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await authority.close()
 
-    _log(
+    log_line(
         f"loading {snapshot.tag} ({snapshot.num_nodes:,} rows of {snapshot.feature_dim}) into "
         f"{redacted(cfg.feature_cluster_url)} as feature set {snapshot.feature_set!r}"
     )
     report = asyncio.run(load())
     if report.verified:
         report.store_entry = record_in_store(report, cfg.feature_cluster_url)
-    _log(
+    log_line(
         f"  {report.rows_written:,} rows written from row {report.resumed_from:,} at {report.rows_per_s:,.0f} rows/s; "
         f"verified: {report.verified} ({report.rows_found:,} found, {report.rows_differing} differing)"
     )
@@ -232,11 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training_export.load_features", description=__doc__)
-    add_arguments(parser)
-    result = run(parser.parse_args(argv))
-    print(json.dumps(result, indent=2, default=str))
-    return 0 if result["passed"] else 1
+    return job_main("python -m training_export.load_features", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

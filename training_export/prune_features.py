@@ -22,9 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,7 +31,7 @@ from tqdm.auto import tqdm
 
 from runners.feature.authority import FeatureAuthority
 from runners.feature.snapshot import GraphSnapshot
-from training_export.load_features import redacted
+from training_export.load_features import cluster_settings, job_main, log_line, redacted
 
 SCAN_COUNT = 1000
 # ARGV = keys, all owned by the master it runs on (as l2_redis's scripts)
@@ -181,10 +178,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="prune without the live workers' statuses vouching for it")
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _oldest_served(statuses: dict[str, dict[str, Any]]) -> str:
     if not statuses:
         raise SystemExit("no live FeatureRunner reports its snapshot in the update log: pass --snapshot")
@@ -194,25 +187,20 @@ def _oldest_served(statuses: dict[str, dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Check, prune, report (a dict, ``passed``)."""
-    from common.settings import load_settings
     from runners.feature.authority import authority_for, load_without_rows
-    from runners.feature.update_log import update_log_from
+    from runners.feature.update_log import update_log_of
 
-    cfg = load_settings({**os.environ, **({"GSAGE_FEATURE_REDIS_URL": args.redis_url} if args.redis_url else {})})
-    if not cfg.feature_cluster_url:
-        raise SystemExit("prune-features needs --redis-url, GSAGE_FEATURE_REDIS_URL or GSAGE_REDIS_URL")
+    cfg = cluster_settings(args.redis_url, "prune-features")
 
     async def prune() -> PruneReport:
-        log_ = update_log_from(
-            cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file, cfg.graph_log_key
-        )
+        log_ = update_log_of(cfg)
         try:
             statuses = await log_.statuses()
         finally:
             await log_.close()
         snapshot = load_without_rows(args.snapshot or _oldest_served(statuses))
         authority = authority_for(cfg, snapshot.feature_set, snapshot.feature_dim)
-        _log(
+        log_line(
             f"pruning feature set {snapshot.feature_set!r} to {snapshot.tag} (log sequence {snapshot.log_sequence}) "
             f"in {redacted(cfg.feature_cluster_url)}" + (" (dry run)" if args.dry_run else "")
         )
@@ -224,10 +212,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         report = asyncio.run(prune())
     except WorkersBehind as exc:
-        _log(f"  refused: {exc}")
+        log_line(f"  refused: {exc}")
         return {"passed": False, "refused": str(exc)}
     freed = report.memory_before - report.memory_after
-    _log(
+    log_line(
         f"  {report.keys_scanned:,} keys scanned at {report.keys_per_s:,.0f} keys/s: {report.versions_deleted:,} "
         f"versions {'to delete' if report.dry_run else 'deleted'}, {report.versions_kept:,} kept; "
         f"masters' memory {report.memory_before / 2**20:,.1f} -> {report.memory_after / 2**20:,.1f} MiB "
@@ -237,11 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training_export.prune_features", description=__doc__)
-    add_arguments(parser)
-    result = run(parser.parse_args(argv))
-    print(json.dumps(result, indent=2, default=str))
-    return 0 if result["passed"] else 1
+    return job_main("python -m training_export.prune_features", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

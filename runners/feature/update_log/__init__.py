@@ -8,6 +8,8 @@ guarantee.
 
 from __future__ import annotations
 
+from typing import Any
+
 from runners.feature.update_log.base import (
     LogEntry,
     LogTrimmed,
@@ -31,6 +33,7 @@ __all__ = [
     "UpdateLog",
     "durability_problems",
     "update_log_from",
+    "update_log_of",
     "wall_clock",
 ]
 
@@ -51,3 +54,11 @@ def update_log_from(
     if kind == "redis":
         return RedisUpdateLog.from_url(redis_url, ca_file=ca_file, key=key)
     raise ValueError(f"update log kind must be 'file' or 'redis', not {kind!r}")
+
+
+def update_log_of(cfg: Any) -> UpdateLog:
+    """The update log ``cfg`` (``common.settings.Settings``) names, as a command-line job opens it
+    (the services add their segment size and lock timeout)."""
+    return update_log_from(
+        cfg.graph_log_kind, cfg.graph_log_path, cfg.graph_log_url, cfg.redis_ca_file, cfg.graph_log_key
+    )
