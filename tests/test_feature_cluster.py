@@ -405,7 +405,11 @@ def test_pruning_waits_for_every_worker_and_deletes_only_unread_versions(cluster
                 for n in ("3", "3.1", "3.2", "3.3", "4", "4.4", f"3.{after.sequence}", "5")
             ]
             assert held == [0, 0, 0, 1, 0, 1, 1, 1]
-            assert (await prune_features(snap, pruner, statuses, progress=False)).versions_deleted == 0  # idempotent
+            # Recorded: the next scheduled run skips the scan; a rescan finds nothing left (idempotent).
+            again = await prune_features(snap, pruner, statuses, progress=False)
+            assert again.skipped and again.keys_scanned == 0 and (await pruner.manifest())["pruned_to"] == 4
+            rescan = await prune_features(snap, pruner, statuses, rescan=True, progress=False)
+            assert not rescan.skipped and rescan.keys_scanned > 0 and rescan.versions_deleted == 0
 
             # Every replica, and one started now from the compacted snapshot, serves the same answers
             # from the cluster (L1 emptied): no row it reads was deleted.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -306,11 +307,12 @@ def _k8s_pod_templates(docs: list[dict]) -> dict[str, dict]:
     app.kubernetes.io/component label, else app.kubernetes.io/name."""
     out = {}
     for d in docs:
-        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
-            labels = d["spec"]["template"]["metadata"]["labels"]
+        if d["kind"] in ("Deployment", "StatefulSet", "Job", "CronJob"):
+            template = (d["spec"]["jobTemplate"] if d["kind"] == "CronJob" else d)["spec"]["template"]
+            labels = template["metadata"]["labels"]
             comp = labels.get("app.kubernetes.io/component") or labels["app.kubernetes.io/name"]
             assert comp not in out, f"two workloads with pods labelled {comp}"
-            out[comp] = d["spec"]["template"]
+            out[comp] = template
     return out
 
 
@@ -473,8 +475,9 @@ def test_k8s_security_contexts():
         for path in writable:
             assert not (BENTO_PATH + "/").startswith(path + "/") and not path.startswith(BENTO_PATH + "/"), path
         models = [m for m in c["volumeMounts"] if m["mountPath"] == BENTO_PATH + "/models"]
+        # The FeatureRunner writes its store: a compaction saves the new graph-snapshot there.
         if name != "gateway":
-            assert len(models) == 1 and models[0]["readOnly"] is True, name
+            assert len(models) == 1 and models[0].get("readOnly", False) is (name != "feature-runner"), name
         assert len({m["mountPath"] for m in c["volumeMounts"]}) == len(c["volumeMounts"]), name
     feature = templates["feature-runner"]["spec"]["containers"][0]
     numba_dir = {e["name"]: e.get("value") for e in feature["env"]}.get("NUMBA_CACHE_DIR", "")
@@ -620,26 +623,51 @@ def test_k8s_cluster_mode_overlay_validates_and_wires_the_feature_cluster():
     job = by[("Job", "graphsage-load-features")]["spec"]["template"]
     assert "python -m training_export.load_features" in job["spec"]["containers"][0]["args"][0]
     assert job["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "graphsage-models"
-    # The loader's hop is admitted at both ends (under the base's default deny).
-    labels = job["metadata"]["labels"]
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    out = [p for p in policies if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
-    assert any(
-        to["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "redis-cluster"}
-        for p in out
-        for rule in p["spec"].get("egress", [])
-        for to in rule["to"]
-        if "podSelector" in to and "namespaceSelector" not in to
-    )
-    into_redis = [
-        p for p in policies if p["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "redis-cluster"}}
-    ]
-    assert any(
-        src.get("podSelector", {}).get("matchLabels") == labels
-        for p in into_redis
-        for rule in p["spec"].get("ingress", [])
-        for src in rule["from"]
-    )
+    # The prune: scheduled, one at a time, the store read-only, in the serving image.
+    cron = by[("CronJob", "graphsage-prune-features")]["spec"]
+    assert cron["concurrencyPolicy"] == "Forbid"
+    prune = cron["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert prune["command"] == ["python", "-m", "training_export.prune_features"]
+    assert prune["image"] == by[("Deployment", "feature-runner")]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert [m["readOnly"] for m in prune["volumeMounts"] if m["name"] == "models"] == [True]
+
+    # The jobs' hops, admitted at both ends under the base's default deny, and nothing else new.
+    labels = {c: t["metadata"]["labels"] for c, t in _k8s_pod_templates(docs).items()}
+    base_labels = {c: t["metadata"]["labels"] for c, t in _k8s_pod_templates(_k8s_docs()).items()}
+    assert set(labels) - set(base_labels) == {"load-features", "prune-features"}
+    ingress, egress = _k8s_policy_edges(docs, labels)
+    base_ingress, _ = _k8s_policy_edges(_k8s_docs(), base_labels)
+    new_hops = {
+        ("load-features", "redis-cluster", "TCP", 6379),
+        ("prune-features", "redis-cluster", "TCP", 6379),
+        ("prune-features", "redis-log", "TCP", 6379),  # the workers' statuses
+    }
+    assert ingress - base_ingress == new_hops, sorted(ingress - base_ingress)
+    assert {e for e in egress if e[1] in labels} >= {e for e in ingress if e[0] in labels}
+    assert {e for e in egress if e[0] in ("load-features", "prune-features") and e[1] in labels} == new_hops
+
+
+def _kustomize(directory: Path) -> list[dict]:
+    """What `kubectl apply -k directory` would apply, rendered by kubectl's own kustomize."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: the overlay is checked by the JSON-patch reading above only")
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _by_object(docs: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def test_kustomize_renders_what_the_tests_check():
+    """kubectl's kustomize renders the base and the cluster-mode overlay to exactly the objects
+    the tests above read from the files (the overlay's patches applied as this module applies them)."""
+    base = [d for p in _k8s_files() if p.parent == K8S_DIR for d in yaml.safe_load_all(p.read_text()) if d]
+    assert _by_object(_kustomize(K8S_DIR)) == _by_object(base)
+    overlay = [d for d in _cluster_mode_docs() if d["metadata"]["name"] != "graphsage-load-features"]
+    assert _by_object(_kustomize(CLUSTER_MODE_DIR)) == _by_object(overlay)
 
 
 def test_the_loader_runs_without_the_training_packages():

@@ -14,7 +14,11 @@ snapshot at ``L`` or later (``--force`` skips the check; a worker on an older sn
 answer 503 ``FeaturesMissing`` for the rows it lost, never wrong rows). It scans each master
 (``SCAN MATCH``, so the masters keep serving), deletes the superseded keys with one ``EVAL`` of
 ``UNLINK`` per master and batch, and reports what it scanned, deleted and kept, and the masters'
-memory before and after. It is idempotent: stopped halfway, run it again.
+memory before and after. It is idempotent: stopped halfway, run it again. A prune that finished
+records its sequence in the feature set's manifest (``pruned_to``), so a scheduled run (the
+cluster-mode CronJob) with no compaction since costs one read, not a scan of every key; the garbage
+it would miss (rows a writer left at a sequence it lost) waits for the next compaction's prune, or
+``--rescan``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class PruneReport:
     memory_before: int = 0
     memory_after: int = 0
     dry_run: bool = False
+    skipped: bool = False  # the cluster was pruned to this sequence (or a later one) before
 
 
 def superseded(names: list[bytes], row_sequence: np.ndarray | None, num_nodes: int, upto: int) -> tuple[list[int], int]:
@@ -137,14 +142,20 @@ async def prune_features(
     statuses: dict[str, dict[str, Any]] | None,
     *,
     dry_run: bool = False,
+    rescan: bool = False,
     progress: bool = True,
     scan_count: int = SCAN_COUNT,
 ) -> PruneReport:
     """Delete the versions of ``snapshot``'s feature set that no reader of ``snapshot`` (or of a
-    later one) asks for. ``statuses``: the update log's live workers (None: not checked)."""
+    later one) asks for. ``statuses``: the update log's live workers (None: not checked).
+    ``rescan``: scan even when the manifest says the cluster was pruned this far already."""
     upto = int(snapshot.log_sequence)
     workers = {} if statuses is None else check_workers(statuses, upto)
     report = PruneReport(snapshot.tag, authority.feature_set, upto, workers, dry_run=dry_run)
+    manifest = await authority.manifest() or {}
+    if not rescan and int(manifest.get("pruned_to", -1)) >= upto:
+        report.skipped = True
+        return report
     prefix = len(authority.rows.key(""))
     masters = await _masters(authority)
     report.memory_before = await _used_memory(authority, masters)
@@ -164,6 +175,10 @@ async def prune_features(
     report.seconds = round(time.perf_counter() - started, 3)
     report.keys_per_s = round(report.keys_scanned / report.seconds, 1) if report.seconds > 0 else 0.0
     report.memory_after = await _used_memory(authority, masters)
+    if not dry_run:  # re-read: the manifest is the loader's too
+        await authority.set_manifest(
+            {**(await authority.manifest() or {}), "pruned_to": upto, "pruned_by": snapshot.tag}
+        )
     return report
 
 
@@ -176,6 +191,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default="", help="default: GSAGE_FEATURE_REDIS_URL, else GSAGE_REDIS_URL")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
     p.add_argument("--force", action="store_true", help="prune without the live workers' statuses vouching for it")
+    p.add_argument("--rescan", action="store_true", help="scan even if the cluster was pruned to this snapshot before")
 
 
 def _oldest_served(statuses: dict[str, dict[str, Any]]) -> str:
@@ -205,7 +221,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"in {redacted(cfg.feature_cluster_url)}" + (" (dry run)" if args.dry_run else "")
         )
         try:
-            return await prune_features(snapshot, authority, None if args.force else statuses, dry_run=args.dry_run)
+            statuses_ = None if args.force else statuses
+            return await prune_features(snapshot, authority, statuses_, dry_run=args.dry_run, rescan=args.rescan)
         finally:
             await authority.close()
 
@@ -214,6 +231,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except WorkersBehind as exc:
         log_line(f"  refused: {exc}")
         return {"passed": False, "refused": str(exc)}
+    if report.skipped:
+        log_line(
+            f"  nothing to do: the cluster was pruned to sequence {report.log_sequence} before (--rescan scans anyway)"
+        )
+        return {**dataclasses.asdict(report), "passed": True}
     freed = report.memory_before - report.memory_after
     log_line(
         f"  {report.keys_scanned:,} keys scanned at {report.keys_per_s:,.0f} keys/s: {report.versions_deleted:,} "
