@@ -30,14 +30,26 @@ this path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
+
+from common import request_context
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class _Entry(NamedTuple, Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+    arrived: float
+    # The caller's context (its request id, its trace span): the batch's call runs in its first
+    # caller's, not in whichever request's the long-lived worker task was made in.
+    context: contextvars.Context
 
 
 @dataclass
@@ -77,7 +89,7 @@ class AdaptiveBatcher(Generic[T, R]):
         self.overlap_ratio = overlap_ratio
         self.stats = BatchStats()
         self._clock = clock
-        self._queue: asyncio.Queue[tuple[T, asyncio.Future[R], float]] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Entry[T, R]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._in_flight = 0  # slots held: batches running, or being collected by the worker
@@ -85,7 +97,7 @@ class AdaptiveBatcher(Generic[T, R]):
         self._queued_units = 0
         self._changed = asyncio.Event()  # an item queued or a batch done: a waiting partial batch looks again
         self._running: set[asyncio.Task[None]] = set()
-        self._collecting: list[tuple[T, asyncio.Future[R], float]] = []  # taken off the queue, not yet dispatched
+        self._collecting: list[_Entry[T, R]] = []  # taken off the queue, not yet dispatched
 
     async def submit(self, item: T) -> R:
         if self.max_delay_s <= 0 and self._queue.empty() and self._in_flight == 0:
@@ -95,7 +107,7 @@ class AdaptiveBatcher(Generic[T, R]):
             self._worker.add_done_callback(self._worker_stopped)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queued_units += self.size_of(item)
-        await self._queue.put((item, future, self._clock()))
+        await self._queue.put(_Entry(item, future, self._clock(), contextvars.copy_context()))
         self._changed.set()
         return await future
 
@@ -111,7 +123,7 @@ class AdaptiveBatcher(Generic[T, R]):
         finally:
             self._running_units.remove(units)
             self._release_slot()
-            self._record([(item, None, started)], started)  # type: ignore[list-item]
+            self._record([item], [started], started)
         return results[0]
 
     async def _take_slot(self) -> None:
@@ -123,8 +135,8 @@ class AdaptiveBatcher(Generic[T, R]):
         self._in_flight -= 1
         self._changed.set()
 
-    def _dequeued(self, entry: tuple[T, asyncio.Future[R], float]) -> tuple[T, asyncio.Future[R], float]:
-        self._queued_units -= self.size_of(entry[0])
+    def _dequeued(self, entry: _Entry[T, R]) -> _Entry[T, R]:
+        self._queued_units -= self.size_of(entry.item)
         return entry
 
     def _worker_stopped(self, worker: asyncio.Task[None]) -> None:
@@ -137,21 +149,21 @@ class AdaptiveBatcher(Generic[T, R]):
         while not self._queue.empty():
             waiting.append(self._queue.get_nowait())
         self._queued_units = 0
-        for _, fut, _ in waiting:
-            if not fut.done():
-                fut.set_exception(error)
+        for entry in waiting:
+            if not entry.future.done():
+                entry.future.set_exception(error)
         if self._in_flight > len(self._running_units):  # a slot taken by the collection that died
             self._release_slot()
 
-    async def _collect(self) -> list[tuple[T, asyncio.Future[R], float]]:
+    async def _collect(self) -> list[_Entry[T, R]]:
         first = self._dequeued(await self._queue.get())
         batch = self._collecting = [first]
         await self._take_slot()  # everything that queued while all slots were busy joins below
-        units = self.size_of(batch[0][0])
+        units = self.size_of(first.item)
         while self._in_flight > 1 and units + self._queued_units < self._overlap_units():
             self._changed.clear()  # another batch runs and this one is too small: wait for either to change
             await self._changed.wait()
-        deadline = batch[0][2] + self.max_delay_s
+        deadline = first.arrived + self.max_delay_s
         while units < self.max_batch_size:
             if self._queue.empty():
                 remaining = deadline - self._clock()
@@ -163,7 +175,7 @@ class AdaptiveBatcher(Generic[T, R]):
                     break
             else:
                 nxt = self._dequeued(self._queue.get_nowait())
-            size = self.size_of(nxt[0])
+            size = self.size_of(nxt.item)
             if units + size > self.max_batch_size:
                 await self._requeue_front(nxt)
                 break
@@ -176,56 +188,57 @@ class AdaptiveBatcher(Generic[T, R]):
         largest = max(self._running_units, default=self.max_batch_size)
         return min(self.max_batch_size, self.overlap_ratio * largest)
 
-    async def _requeue_front(self, entry: tuple[T, asyncio.Future[R], float]) -> None:
+    async def _requeue_front(self, entry: _Entry[T, R]) -> None:
         # asyncio.Queue has no push-front: rebuild it with the entry first (rare: only on overflow).
         rest = []
         while not self._queue.empty():
             rest.append(self._queue.get_nowait())
         for e in [entry, *rest]:
             self._queue.put_nowait(e)
-        self._queued_units += self.size_of(entry[0])
+        self._queued_units += self.size_of(entry.item)
 
     async def _run(self) -> None:
         while True:
             batch = await self._collect()
             self._collecting = []
-            live = [(item, fut, t) for item, fut, t in batch if not fut.cancelled()]
+            live = [entry for entry in batch if not entry.future.cancelled()]
             if not live:
                 self._release_slot()
                 continue
-            units = sum(self.size_of(item) for item, _, _ in live)
+            units = sum(self.size_of(entry.item) for entry in live)
             self._running_units.append(units)  # before the task starts: the next _collect sees it
-            task = asyncio.get_running_loop().create_task(self._dispatch(live, units))
+            task = asyncio.get_running_loop().create_task(self._dispatch(live, units), context=live[0].context.copy())
             self._running.add(task)  # keep a reference until it is done
             task.add_done_callback(self._running.discard)
 
-    async def _dispatch(self, live: list[tuple[T, asyncio.Future[R], float]], units: int) -> None:
+    async def _dispatch(self, live: list[_Entry[T, R]], units: int) -> None:
         started = self._clock()
         try:
-            results = await self.handler([item for item, _, _ in live])
+            with request_context.merged([entry.context for entry in live]):
+                results = await self.handler([entry.item for entry in live])
             if len(results) != len(live):
                 raise RuntimeError(f"handler returned {len(results)} results for {len(live)} items")
         except Exception as exc:  # every caller of the batch gets the error
-            for _, fut, _ in live:
-                if not fut.done():
-                    fut.set_exception(exc)
+            for entry in live:
+                if not entry.future.done():
+                    entry.future.set_exception(exc)
         else:
-            for (_, fut, _), res in zip(live, results):
-                if not fut.done():
-                    fut.set_result(res)
+            for entry, res in zip(live, results):
+                if not entry.future.done():
+                    entry.future.set_result(res)
         finally:
             self._running_units.remove(units)
             self._release_slot()
-        self._record(live, started)
+        self._record([e.item for e in live], [e.arrived for e in live], started)
 
-    def _record(self, live: list[tuple[T, asyncio.Future[R], float]], started: float) -> None:
+    def _record(self, items: list[T], arrivals: list[float], started: float) -> None:
         now = self._clock()
         s = self.stats
         s.batches += 1
-        s.items += len(live)
-        s.last_batch_units = sum(self.size_of(item) for item, _, _ in live)
+        s.items += len(items)
+        s.last_batch_units = sum(self.size_of(item) for item in items)
         s.units += s.last_batch_units
-        s.last_batch_queue_s = max(started - t for _, _, t in live)
+        s.last_batch_queue_s = max(started - t for t in arrivals)
         s.last_batch_compute_s = now - started
         s.queue_seconds += s.last_batch_queue_s
         s.compute_seconds += s.last_batch_compute_s

@@ -9,7 +9,10 @@
   carries the W3C ``traceparent`` of the span it is made in (OpenTelemetry's propagator), so the
   callee's span joins the caller's trace: one slow request can be followed hop by hop. The span
   gets the request id as its ``request.id`` attribute. A batch merged from several requests (the
-  gateway's coalescer, the runners' batchers) travels under the request that started it. The
+  gateway's coalescer, the runners' batchers) travels under its first request's id and trace, in
+  a ``batch`` span (``merged``) that names every member's id (``request.ids``) and links to each
+  member's span; each other member's span gets a ``merged into batch`` event naming the batch's
+  span, so a request's trace leads to the batch that served it whichever request led it. The
   gateway's gRPC calls get their span from ``common.bento.tracing`` (BentoML traces HTTP only) and
   answer the id in their trailing metadata.
 
@@ -19,9 +22,12 @@ handler and by every call the handler makes in that task.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
-from contextvars import ContextVar
+from collections.abc import Iterator, Sequence
+from contextvars import Context, ContextVar
+from typing import Any
 
 REQUEST_ID_HEADER = "x-request-id"
 _VALID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -62,3 +68,34 @@ def outgoing() -> dict[str, str]:
 
         inject(headers)
     return headers
+
+
+_NOT_TRACED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def merged(members: Sequence[Context]) -> contextlib.AbstractContextManager[None]:
+    """The block of a call made for a batch of requests (``members``: each request's context, the
+    first the one the call runs in): a ``batch`` span when tracing and the batch merged several."""
+    if not _tracing["on"] or len(members) < 2:
+        return _NOT_TRACED
+    return _batch_span(members)
+
+
+@contextlib.contextmanager
+def _batch_span(members: Sequence[Context]) -> Iterator[None]:
+    from opentelemetry import trace
+
+    from common.bento import tracing
+
+    spans: list[Any] = [m.run(trace.get_current_span) for m in members]
+    links = [trace.Link(s.get_span_context()) for s in spans if s.get_span_context().is_valid]
+    ids = [m.get(_current, "") for m in members]
+    attributes = {"batch.size": len(members), "request.ids": ids}
+    with tracing.tracer("graphsage.batching").start_as_current_span(
+        "batch", links=links, attributes=attributes
+    ) as span:
+        batch = span.get_span_context()
+        event = {"batch.trace_id": format(batch.trace_id, "032x"), "batch.span_id": format(batch.span_id, "016x")}
+        for member in spans[1:]:
+            member.add_event("merged into batch", event)
+        yield

@@ -405,3 +405,31 @@ def test_a_bug_inside_the_collection_fails_the_batch_being_collected_too():
         assert await first == ("done", "a")
 
     asyncio.run(main())
+
+
+def test_a_batch_runs_in_its_first_callers_context_not_the_one_that_started_the_worker():
+    """The worker task outlives the request that made it: the batch's call (its request id, its
+    trace span) must be its own first caller's."""
+    from common import request_context
+
+    async def caller(request_id: str, item: int) -> str:
+        request_context.adopt(request_id)
+        return await batcher.submit(item)
+
+    seen: list[str] = []
+
+    async def handler(items: list) -> list:
+        seen.append(request_context.current())
+        return items
+
+    batcher: AdaptiveBatcher
+
+    async def main():
+        nonlocal batcher
+        batcher = batcher_on_loop_time(handler, max_batch_size=8, max_delay_s=0.01)
+        await asyncio.ensure_future(caller("first-ever", 0))  # makes the worker (max_delay: queued)
+        later = [asyncio.ensure_future(caller(f"req-{i}", i)) for i in (1, 2, 3)]
+        await asyncio.gather(*later)
+
+    run(main())
+    assert seen == ["first-ever", "req-1"]

@@ -31,6 +31,55 @@ def test_a_request_id_is_adopted_when_plain_and_made_otherwise():
         assert made != bad and len(made) == 32 and request_context.current() == made
 
 
+def test_a_merged_batch_is_a_span_that_links_every_member_and_each_member_leads_to_it(monkeypatch):
+    """Three requests' items merged into one call (the batchers): the call runs in a ``batch``
+    span in the first request's trace, naming all three ids and linking to each one's span; the
+    other two spans record which span served them."""
+    import asyncio
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from common.batching import AdaptiveBatcher
+    from common.bento import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "tracer", provider.get_tracer)
+    monkeypatch.setattr(request_context, "_tracing", {"on": True})
+    outgoing: list[dict] = []
+
+    async def handler(items: list) -> list:
+        outgoing.append(request_context.outgoing())
+        return items
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(handler, max_batch_size=8, max_delay_s=0.01)
+
+        async def request(request_id: str) -> None:
+            with provider.get_tracer("test").start_as_current_span(f"request {request_id}"):
+                request_context.adopt(request_id)
+                await batcher.submit(request_id)
+
+        await asyncio.gather(*(request(f"r{i}") for i in range(3)))
+
+    asyncio.run(main())
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    batch, members = spans["batch"], [spans[f"request r{i}"] for i in range(3)]
+    assert batch.parent.span_id == members[0].context.span_id  # in the first request's trace
+    assert list(batch.attributes["request.ids"]) == ["r0", "r1", "r2"] and batch.attributes["batch.size"] == 3
+    assert [link.context.span_id for link in batch.links] == [m.context.span_id for m in members]
+    for member in members[1:]:
+        (event,) = member.events
+        assert event.name == "merged into batch"
+        assert event.attributes["batch.span_id"] == format(batch.context.span_id, "016x")
+    # The call the batch makes carries the batch span as its parent, and the first request's id.
+    (headers,) = outgoing
+    assert headers["X-Request-Id"] == "r0" and format(batch.context.span_id, "016x") in headers["traceparent"]
+
+
 class _Receiver(http.server.BaseHTTPRequestHandler):
     spans: ClassVar[list[dict]] = []
 
