@@ -462,7 +462,7 @@ def test_containers_start_as_the_manifests_say(tmp_path):
     assert spec.read_only and spec.cap_drop_all and spec.no_new_privileges and spec.user == "1034:1034"
     mounts = {m.target: m for m in spec.mounts}
     assert mounts["/home/bentoml/bento/models"].source == str(tmp_path / "store" / "models")  # subPath
-    assert mounts["/home/bentoml/bento/models"].read_only
+    assert not mounts["/home/bentoml/bento/models"].read_only  # a compaction saves its snapshot there
     assert mounts["/tmp"].source is None and mounts["/tmp"].tmpfs_size == "1g"
     args = _loopback(spec, 4321, {"GraphSAGERunner": "http://127.0.0.1:1234"}).args
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "4321"
