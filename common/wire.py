@@ -125,18 +125,35 @@ def _read_array(view: memoryview, offset: int, spec: object) -> tuple[str, np.nd
 
 
 class Packed:
-    """A ``pack``ed message as the bytes that travel, unpacked on first use (zero-copy views):
-    a service that relays a message (the FeatureRunner, the model runner's answer) never opens it."""
+    """A ``pack``ed message: what travels, opened on first use. From the wire it is the bytes,
+    unpacked (zero-copy views) only by a service that reads it: one that relays it (the
+    FeatureRunner, the model runner's answer) never opens it. Made here (``of``) it is the arrays,
+    packed only when it goes on the wire: a caller in the same process (the co-located
+    deployment's in-process calls) reads them with no pack and unpack between."""
 
-    __slots__ = ("_unpacked", "data")
+    __slots__ = ("_data", "_unpacked")
 
     def __init__(self, data: bytes) -> None:
-        self.data = data
+        self._data: bytes | None = data
         self._unpacked: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
 
     @classmethod
     def of(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> Packed:
-        return cls(pack(arrays, meta))
+        """``meta``: JSON values whose types survive a round trip (str, int, float, bool, None,
+        lists, dicts), so that an in-process reader sees what a remote one would."""
+        packed = cls.__new__(cls)
+        packed._data = None
+        packed._unpacked = (meta or {}, arrays)
+        return packed
+
+    @property
+    def data(self) -> bytes:
+        """The bytes that travel (packed now, once, for a message made here)."""
+        if self._data is None:
+            assert self._unpacked is not None
+            meta, arrays = self._unpacked
+            self._data = pack(arrays, meta)
+        return self._data
 
     def unpack(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(meta, arrays); raises ``WireError`` for a malformed message."""

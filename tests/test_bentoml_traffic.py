@@ -100,3 +100,37 @@ def test_every_service_module_installs_the_patches(module):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "common.bento.traffic common.bento.traffic"
+
+
+def test_the_app_runs_in_the_requests_own_task_and_a_started_response_has_no_deadline():
+    """No task per request; once the response has started the timeout no longer applies (on
+    virtual time: the app's pause is longer than the timeout and takes no real time)."""
+    from tests.virtual_time import run
+
+    tasks = []
+
+    async def slow_body(scope, receive, send):
+        tasks.append(asyncio.current_task())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(5.0)  # past the 1 s timeout
+        await send({"type": "http.response.body", "body": b"late but whole"})
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def go():
+        await _middleware(slow_body, timeout=1.0)({"type": "http", "path": "/x"}, None, send)
+        return asyncio.current_task()
+
+    assert tasks == [run(go())]
+    assert [m.get("status") or m.get("body") for m in sent] == [200, b"late but whole"]
+
+
+def test_the_apps_own_timeout_error_is_not_taken_for_the_deadline():
+    async def own_timeout(scope, receive, send):
+        raise TimeoutError("a dependency's deadline")
+
+    with pytest.raises(TimeoutError, match="a dependency's deadline"):
+        _run(_middleware(own_timeout, timeout=30), 1)

@@ -233,3 +233,18 @@ def test_premean_tree_is_the_layout_of_the_fully_sampled_tree_byte_for_byte(fano
         np.testing.assert_array_equal(got[2], want[2])
         np.testing.assert_array_equal(got[3], want[3])
         assert got[2].dtype == np.int32 and tree.last_rows.size <= int((index[-2] >= 0).sum())
+
+
+def test_a_packed_message_reads_the_same_made_here_and_off_the_wire():
+    """``Packed.of`` (in-process callers) keeps the arrays and packs only for the wire; what a
+    reader sees is the same either way, and the bytes are those of ``wire.pack``."""
+    arrays = {"probs": np.arange(12, dtype=np.float32).reshape(3, 4), "ids": np.array([7, 8, 9], np.int64)}
+    meta = {"model": "graphsage:v1", "precision": "fp32", "layout": "tree"}
+    local = wire.Packed.of(arrays, meta)
+    assert local.arrays["probs"] is arrays["probs"]  # not packed for an in-process reader
+    remote = wire.Packed(local.data)
+    assert local.data == wire.pack(arrays, meta)
+    assert remote.meta == local.meta == meta
+    for name in arrays:
+        a, b = remote.arrays[name], local.arrays[name]
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)

@@ -2,7 +2,7 @@
 
     python -m bench.suite.ab [--concurrency 1] [--nodes 1] [--rounds 6] [--window 4]
                              [--variant GSAGE_X=1,GSAGE_Y=2] [--variant-model-runner]
-                             [--variant-code REF] [--no-redis-side] [--colocated]
+                             [--variant-code REF] [--variant-colocated] [--no-redis-side] [--colocated]
                              [--baseline B1|B2|B5|none]
 
 Sides, each its own processes (split ``start-http-server``, as the suite starts them): ``app`` (the
@@ -15,7 +15,9 @@ FeatureRunner + gateway pairs share one model runner (``--variant-model-runner``
 starts its own, with its environment, for a variant that changes the model runner). ``--variant-code
 REF``: the variant's three services (its own model runner too) run the product code of commit REF
 (``git archive``) while the other sides run the working tree: a change measured against the code
-before it (the same environment goes to both; older code ignores GSAGE_ names it lacks). Each side
+before it (the same environment goes to both; older code ignores GSAGE_ names it lacks);
+``--variant-colocated`` makes the variant a co-located app (so ``--colocated --variant-code REF
+--variant-colocated`` is the co-located deployment before and after a change). Each side
 is warmed up, then the sides take turns in short windows (A B C, C B A, ...), so that every side meets the same background load: on
 this shared machine a separate window reads the neighbours of its own minute (a side measured
 minutes apart moved T1 by 0.4x). Prints, per side, the pooled latency, each window's P99, the
@@ -60,7 +62,11 @@ def sides(
         )
     if args.colocated:
         out["colocated"] = procs.colocated_app("app-colocated", HOME_100K, env, suite.logs)
-    if args.variant or variant_code is not None:
+    if args.variant_colocated:  # the variant as the co-located deployment: its own process
+        out["variant"] = procs.colocated_app(
+            "app-variant", HOME_100K, {**env, **parse_env(args.variant)}, suite.logs, code_dir=variant_code
+        )
+    elif args.variant or variant_code is not None:
         own_model = args.variant_model_runner or variant_code is not None
         out["variant"] = procs.real_app(
             "app-variant",
@@ -115,7 +121,7 @@ def run(
     after = {k: suite.scrape_all(t) for k, t in topologies.items()}
     shared = (
         "the variant has its own model runner"
-        if args.variant_model_runner or variant_code
+        if args.variant_model_runner or variant_code or args.variant_colocated
         else "the app sides share one model runner: its stages are pooled over them"
     )
     print(
@@ -163,6 +169,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="REF",
         default=None,
         help="the variant's services (its own model runner too) run the product code of git commit REF",
+    )
+    p.add_argument(
+        "--variant-colocated",
+        action="store_true",
+        help="the variant is the co-located deployment (with --variant-code: the co-located app at REF)",
     )
     p.add_argument("--no-redis-side", action="store_true", help="leave out the app without Redis")
     p.add_argument(

@@ -227,10 +227,11 @@ def real_app(
     return Topology(name, {"feature": feature, "model": model, "gateway": gateway}, "gateway", shared)
 
 
-def colocated_app(name: str, home: str, env: dict[str, str], log_dir: str) -> Topology:
+def colocated_app(name: str, home: str, env: dict[str, str], log_dir: str, code_dir: Path | None = None) -> Topology:
     """The three services in one process: the gateway started with no ``--depends`` runs the
-    runners in its own worker (``common.bento.dependencies``, the co-located deployment)."""
-    gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway")
+    runners in its own worker (``common.bento.dependencies``, the co-located deployment).
+    ``code_dir``: the code it runs (default CODE_DIR)."""
+    gateway = Proc(APP, "Gateway", home, env, log_dir, label=f"{name}-gateway", code_dir=code_dir)
     return Topology(name, {"gateway": gateway}, "gateway")
 
 

@@ -9,9 +9,10 @@ project ever sees what they answer.
   ``timeout`` seconds; under load the garbage collector walks tens of thousands of them on every
   full collection, and a service's P99 climbs with them. ``docs/bentoml-timeout-timer-leak.md`` is
   the minimal reproduction, ready to report upstream; the suite's B2 baseline (a BentoML service
-  doing nothing) shows the effect on latency. The patched ``__call__`` is the same logic plus
-  cancelling the timer once the response has started (after that the timer could only find the
-  waiter done) or the request ended; a request with no response in time still gets 504.
+  doing nothing) shows the effect on latency. The patched ``__call__`` keeps the contract (a
+  request with no response started in time gets 504; once it has started, no deadline) with one
+  ``asyncio.timeout`` in the request's own task, lifted when the response starts: no timer left
+  behind, and no task per request (BentoML's runs the app in one).
 - ``MaxConcurrencyMiddleware`` answers a request over ``max_concurrency`` with a 429 ``{"error":
   "Too many requests"}``: the status of a caller over its rate limit, without ``Retry-After``.
   Shedding load is the service's state, not the caller's: 503 with ``Retry-After: 1``, type
@@ -35,28 +36,28 @@ async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: An
     if scope["type"] not in ("http", "websocket"):
         await self.app(scope, receive, send)
         return
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-    timer = loop.call_later(self.timeout, self._set_timer_out, waiter)
+    # In this task, under a deadline the response's start lifts (``asyncio.Timeout.reschedule``):
+    # BentoML's runs the app in a task of its own per request, and a task's start and the waits on
+    # it are event-loop turns in every service of every hop.
+    responding = False
 
     async def _send(message: Any) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
+        nonlocal responding
+        if not responding:
+            responding = True
+            if not deadline.expired():  # expired: the cancellation is on its way, and wins
+                deadline.reschedule(None)
         await send(message)
 
-    fut = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
     try:
-        await waiter
+        async with asyncio.timeout(self.timeout) as deadline:
+            await self.app(scope, receive, _send)
     except TimeoutError:
-        if fut.cancel():
-            await send_error(
-                send, ApiError(504, f"not able to process the request in {self.timeout} seconds", type="timeout")
-            )
-    else:
-        timer.cancel()
-        await fut
-    finally:
-        timer.cancel()
+        if not deadline.expired() or responding:  # the app's own timeout, or past the response's start
+            raise
+        await send_error(
+            send, ApiError(504, f"not able to process the request in {self.timeout} seconds", type="timeout")
+        )
 
 
 async def _concurrency_call(self: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
