@@ -1,0 +1,260 @@
+"""Where the co-located app's time at c=1 goes beside B5's, with no socket: both ASGI apps called
+in this process (prints numbers, never asserts).
+
+    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers]
+
+``bench.suite.ab --colocated --baseline B5`` measures both over HTTP, from a client; this calls the
+same two ASGI apps directly, one request at a time on one uvloop loop, in interleaved rounds: the
+co-located gateway (``Gateway.to_asgi()``, the runners in this process as the gateway started
+alone runs them: BentoML's middleware, the guards, the three cores and their batchers, the answer)
+and B5 (``bench.suite.one_process``: the same sampler, tiered store and forward behind one route).
+Their difference is the cost of the app's own layers; what the HTTP run adds beyond it (its
+difference minus this one) is the server and the socket path. Store: the suite's (``HOME_100K``,
+built by ``bench.suite.runner.ensure_store`` when missing), L1 at 10% of the features as the
+suite's app; ``--redis`` adds the suite's L2 (a Redis started here on a free loopback port).
+
+``--layers`` (py-spy, the ``bench`` extra): one more window of the co-located app, sampled by py-spy
+(1 kHz), each sample charged to the innermost layer its stack is in (``LAYERS``, outermost first:
+BentoML's middleware, the gateway's guard, router and core, the hop to the FeatureRunner, its
+pipeline, the sampling and fetch B5 does too, the model runner's core, the forward B5 does too),
+the shares scaled to the unprofiled mean: which layers hold the difference. A sample in none of
+them is the event loop's own work (task steps, callbacks) or a background task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.suite.runner import HOME_100K, ROW_BYTES, ensure_store, snapshot_counts  # noqa: E402
+from harness.redis_servers import RedisServer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "request_layers.json"
+# (layer, the frame names that enter it), outermost first; a sample goes to the innermost it is in.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "BentoML middleware (metrics, tracing, access log, timeout)",
+        (
+            "Starlette.__call__",
+            "RunnerTrafficMetricsMiddleware",
+            "OpenTelemetryMiddleware",
+            "AccessLogMiddleware",
+            "_timeout_call",
+            "_concurrency_call",
+        ),
+    ),
+    ("gateway guard and router", ("HttpGuard.", "EndpointRouter.", "with_request_id", "in_one_shape")),
+    ("gateway core (routing, coalescer, breaker, answer)", ("GatewayCore.", "PredictionCore.", "CircuitBreaker.")),
+    ("gateway answer encoding", ("Answer.", "AnswerJson.")),
+    ("hop to the FeatureRunner (in-process)", ("LocalTransport.call", "FeatureRunnerApi.")),
+    ("FeatureRunner pipeline (batcher, lock, metrics)", ("FeaturePipeline.",)),
+    ("sampling and fetch (B5 does it too)", ("NeighbourhoodBuilder.build", "TieredFeatureStore._drain_fills")),
+    ("model runner core (batcher, metrics, answer)", ("ModelRunnerApi.", "ModelRunnerCore.infer", "WaitBudget.")),
+    ("forward (B5 does it too)", ("run_batch",)),
+]
+App = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
+
+
+def _scope(body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:3000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 3000),
+    }
+
+
+async def _call(app: App, body: bytes, state: dict[str, Any]) -> int:
+    """One request through ``app``; its status."""
+    delivered = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client never disconnects
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+
+    await app({**_scope(body), "state": dict(state)}, receive, send)
+    return status
+
+
+async def _started(app: App) -> dict[str, Any]:
+    """Run the app's lifespan startup; the state it set (Starlette hands it to each request)."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    state: dict[str, Any] = {}
+    await inbox.put({"type": "lifespan.startup"})
+    asyncio.get_running_loop().create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": state}, inbox.get, outbox.put)
+    )
+    message = await outbox.get()
+    if message["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"the app did not start: {message}")
+    return state
+
+
+async def _window(app: App, state: dict[str, Any], bodies: list[bytes]) -> dict[str, float]:
+    latencies = []
+    cpu, wall = time.process_time(), time.perf_counter()
+    for body in bodies:
+        started = time.perf_counter()
+        if await _call(app, body, state) != 200:
+            raise RuntimeError("a request failed")
+        latencies.append(time.perf_counter() - started)
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "mean_ms": (time.perf_counter() - wall) / n * 1e3,
+        "p50_ms": latencies[n // 2] * 1e3,
+        "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3,
+        "cpu_ms": (time.process_time() - cpu) / n * 1e3,
+    }
+
+
+async def _layers(app: App, state: dict[str, Any], bodies: list[bytes], mean_ms: float) -> dict[str, float]:
+    """One window of ``app`` under py-spy; each layer's share of the main thread's samples, in ms
+    of the unprofiled ``mean_ms``."""
+    raw = Path(tempfile.mkdtemp(prefix="gsage-layers-")) / "stacks.txt"
+    spy = await asyncio.create_subprocess_exec(
+        *["py-spy", "record", "-r", "1000", "-f", "raw", "-o", str(raw), "-p", str(os.getpid())],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    await asyncio.sleep(1.0)  # py-spy attaches
+    await _window(app, state, bodies)
+    spy.send_signal(signal.SIGINT)  # py-spy writes its stacks on SIGINT
+    await asyncio.wait_for(spy.wait(), 60)
+    charged: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if frames and frames[0].startswith("Thread._bootstrap"):
+            continue  # another thread (an executor's): the loop's thread is what a request waits on
+        layer = "event loop, background tasks"
+        for frame in frames:
+            layer = next((name for name, entries in LAYERS if frame.startswith(entries)), layer)
+        charged[layer] = charged.get(layer, 0) + int(count)
+    total = sum(charged.values()) or 1
+    return {name: round(n / total * mean_ms, 4) for name, n in sorted(charged.items(), key=lambda kv: -kv[1])}
+
+
+async def measure(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
+    apps: dict[str, App] = {}
+    if args.only in (None, "B5"):
+        from bench.suite.one_process import app as b5
+
+        apps["B5"] = b5
+    if args.only in (None, "gateway"):
+        from services.gateway import Gateway
+
+        apps["colocated"] = Gateway.to_asgi()
+    states = {name: await _started(app) for name, app in apps.items()}
+    bodies = [json.dumps({"node_ids": [i * 7919 % num_nodes], "seed": 5}).encode() for i in range(args.calls)]
+    for name, app in apps.items():  # warm: L1, the compiled kernels, the connection pools
+        await _window(app, states[name], bodies[: args.calls // 4])
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in apps}
+    order = list(apps)
+    for r in range(args.rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            rounds[name].append(await _window(apps[name], states[name], bodies))
+    out: dict[str, Any] = {}
+    for name, windows in rounds.items():
+        out[name] = {k: round(statistics.median(w[k] for w in windows), 4) for k in windows[0]}
+        out[name]["windows_p50_ms"] = [round(w["p50_ms"], 4) for w in windows]
+    if args.layers and "colocated" in apps:
+        out["layers_ms"] = await _layers(apps["colocated"], states["colocated"], bodies, out["colocated"]["mean_ms"])
+    if len(out) >= 2 and "B5" in out:
+        a, b = out["colocated"], out["B5"]
+        out["colocated_minus_B5_ms"] = {k: round(a[k] - b[k], 4) for k in ("mean_ms", "p50_ms", "p99_ms", "cpu_ms")}
+        out["colocated_over_B5"] = {k: round(a[k] / b[k], 3) for k in ("mean_ms", "p50_ms", "p99_ms")}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--calls", type=int, default=3000, help="requests per side per round")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--redis", action="store_true", help="L2 in a Redis started here, as the suite's app")
+    ap.add_argument("--only", choices=("gateway", "B5"), default=None, help="one side (to profile it)")
+    ap.add_argument("--layers", action="store_true", help="the co-located app's time per layer (py-spy)")
+    args = ap.parse_args()
+    if args.layers and shutil.which("py-spy") is None:
+        raise SystemExit("--layers needs py-spy: pip install -e '.[bench]'")
+    ensure_store(HOME_100K, [], print)
+    num_nodes, _ = snapshot_counts(HOME_100K)
+    with tempfile.TemporaryDirectory() as redis_dir:
+        redis = RedisServer(redis_dir).start() if args.redis else None
+        try:
+            os.environ.update(
+                BENTOML_HOME=HOME_100K,
+                BENTOML_DO_NOT_TRACK="true",
+                GSAGE_REDIS_URL=redis.url if redis else "",
+                GSAGE_L1_BYTES=str(num_nodes * ROW_BYTES // 10),
+                GSAGE_GRPC_PORT="0",
+                GSAGE_AUTH_ENABLED="0",
+                GSAGE_RATE_LIMIT_PER_S="0",
+            )
+            import uvloop
+
+            out = uvloop.run(measure(args, num_nodes))
+        finally:
+            if redis is not None:
+                redis.stop()
+    out["config"] = {"calls": args.calls, "rounds": args.rounds, "redis": args.redis, "nodes": num_nodes}
+    for name in ("colocated", "B5"):
+        if name in out:
+            s = out[name]
+            print(
+                f"{name:10s} mean {s['mean_ms']:.3f} ms  P50 {s['p50_ms']:.3f}  P99 {s['p99_ms']:.3f}  "
+                f"CPU {s['cpu_ms']:.3f} ms/request"
+            )
+    if "colocated_over_B5" in out:
+        d, r = out["colocated_minus_B5_ms"], out["colocated_over_B5"]
+        print(
+            f"co-located - B5: P50 +{d['p50_ms']:.3f} ms ({r['p50_ms']}x), CPU +{d['cpu_ms']:.3f} ms/request: "
+            "the app's own layers, with no socket"
+        )
+    for name, ms in out.get("layers_ms", {}).items():
+        print(f"  {ms * 1e3:7.1f} us  {name}")
+    if args.only is None:
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
