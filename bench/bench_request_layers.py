@@ -14,7 +14,7 @@ built by ``bench.suite.runner.ensure_store`` when missing), L1 at 10% of the fea
 suite's app; ``--redis`` adds the suite's L2 (a Redis started here on a free loopback port).
 
 ``--layers`` (py-spy, the ``bench`` extra): one more window of the co-located app, sampled by py-spy
-(1 kHz), each sample charged to the innermost layer its stack is in (``LAYERS``, outermost first:
+(1 kHz), each sample charged to the innermost layer its stack is in (``bench.suite.layers.LAYERS``, outermost first:
 BentoML's middleware, the gateway's guard, router and core, the hop to the FeatureRunner, its
 pipeline, the sampling and fetch B5 does too, the model runner's core, the forward B5 does too),
 the shares scaled to the unprofiled mean: which layers hold the difference. A sample in none of
@@ -41,32 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.suite.layers import layer_of  # noqa: E402
 from bench.suite.runner import HOME_100K, ROW_BYTES, ensure_store, snapshot_counts  # noqa: E402
 from harness.redis_servers import RedisServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "request_layers.json"
-# (layer, the frame names that enter it), outermost first; a sample goes to the innermost it is in.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    (
-        "BentoML middleware (metrics, tracing, access log, timeout)",
-        (
-            "Starlette.__call__",
-            "RunnerTrafficMetricsMiddleware",
-            "OpenTelemetryMiddleware",
-            "AccessLogMiddleware",
-            "_timeout_call",
-            "_concurrency_call",
-        ),
-    ),
-    ("gateway guard and router", ("HttpGuard.", "EndpointRouter.", "with_request_id", "in_one_shape")),
-    ("gateway core (routing, coalescer, breaker, answer)", ("GatewayCore.", "PredictionCore.", "CircuitBreaker.")),
-    ("gateway answer encoding", ("Answer.", "AnswerJson.")),
-    ("hop to the FeatureRunner (in-process)", ("LocalTransport.call", "FeatureRunnerApi.")),
-    ("FeatureRunner pipeline (batcher, lock, metrics)", ("FeaturePipeline.",)),
-    ("sampling and fetch (B5 does it too)", ("NeighbourhoodBuilder.build", "TieredFeatureStore._drain_fills")),
-    ("model runner core (batcher, metrics, answer)", ("ModelRunnerApi.", "ModelRunnerCore.infer", "WaitBudget.")),
-    ("forward (B5 does it too)", ("run_batch",)),
-]
 App = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
 
 
@@ -165,9 +144,7 @@ async def _layers(app: App, state: dict[str, Any], bodies: list[bytes], mean_ms:
         frames = stack.split(";")
         if frames and frames[0].startswith("Thread._bootstrap"):
             continue  # another thread (an executor's): the loop's thread is what a request waits on
-        layer = "event loop, background tasks"
-        for frame in frames:
-            layer = next((name for name, entries in LAYERS if frame.startswith(entries)), layer)
+        layer = layer_of(frames)
         charged[layer] = charged.get(layer, 0) + int(count)
     total = sum(charged.values()) or 1
     return {name: round(n / total * mean_ms, 4) for name, n in sorted(charged.items(), key=lambda kv: -kv[1])}

@@ -253,9 +253,12 @@ def _results() -> dict:
     }
     scenarios = [
         row(sc.SINGLE_C1, p99_ms=6.0, **warm),
-        row(sc.B1_C1, p99_ms=5.0),  # T1: 1.2x B1, 6 ms
+        row(sc.B1_C1, p99_ms=5.0),  # T6: 1.2x B1, 6 ms
+        row(sc.COLOCATED_C1, p50_ms=1.1, p99_ms=2.4),
+        row(sc.B5_C1, p50_ms=1.0, p99_ms=2.0),  # T1: P50 1.1x, P99 1.2x B5
         row(sc.SINGLE_C32, req_per_s=1000.0, p99_ms=30.0),
-        row(sc.B2_C32, req_per_s=800.0),  # T2: 1.25x B2
+        row(sc.B2_C32, req_per_s=800.0),  # T7: 1.25x B2
+        row(sc.COLOCATED_C32, req_per_s=1600.0, p99_ms=20.0),  # T2: 2.0x B2
         row(sc.BULK_256),
         row(sc.BULK_256_C16, nodes_per_s=60_000.0),  # T3: 0.6x B3, 1.2x B4
         row(sc.END_OF_PHASE, **warm),  # T4: retrieval P99 0.8 ms, hit 99.9%
@@ -279,14 +282,22 @@ def test_verdicts_come_from_the_targets_data(monkeypatch):
     assert [(t["id"], t["pass"], t["miss_by"]) for t in report.targets(res)] == [
         (t.id, True, None) for t in targets.TARGETS
     ]
-    t1 = {t["id"]: t for t in report.targets(res)}["T1"]
-    assert t1["what"] == "single node, c=1: e2e P99 <= 1.3x B1 P99 and <= 10 ms" and t1["ratio"].startswith("1.20x B1")
+    by_id = {t["id"]: t for t in report.targets(res)}
+    assert by_id["T6"]["what"] == "single node, c=1, split: e2e P99 <= 1.3x B1 P99 and <= 10 ms"
+    assert by_id["T6"]["ratio"].startswith("1.20x B1")
+    assert by_id["T1"]["what"] == (
+        "single node, c=1, co-located: e2e P50 <= 1.2x B5 P50, P99 <= 1.3x B5 P99 and <= 10 ms"
+    )
+    assert by_id["T1"]["ratio"].startswith("1.10x B5, 1.20x B5")
 
-    ratio, p99 = targets.T1.checks
-    stricter = replace(targets.T1, checks=(replace(ratio, bound=1.1), p99))
-    (t1,) = report.targets(res, (stricter,))
-    assert t1["pass"] is False and t1["what"] == "single node, c=1: e2e P99 <= 1.1x B1 P99 and <= 10 ms"
-    assert t1["miss_by"] == "ratio 1.20x vs 1.1x (9% over)"
+    ratio, p99 = targets.T6.checks
+    stricter = replace(targets.T6, checks=(replace(ratio, bound=1.1), p99))
+    (t6,) = report.targets(res, (stricter,))
+    assert t6["pass"] is False and t6["what"] == "single node, c=1, split: e2e P99 <= 1.1x B1 P99 and <= 10 ms"
+    assert t6["miss_by"] == "ratio 1.20x vs 1.1x (9% over)"
+    p50, p99_ratio, p99 = targets.T1.checks
+    (t1,) = report.targets(res, (replace(targets.T1, checks=(replace(p50, bound=1.05), p99_ratio, p99)),))
+    assert t1["pass"] is False and t1["miss_by"] == "P50 ratio 1.10x vs 1.05x (5% over)"
 
     hit = targets.T4.checks[1]
     monkeypatch.setattr(
@@ -295,9 +306,10 @@ def test_verdicts_come_from_the_targets_data(monkeypatch):
     verdicts = {t["id"]: (t["pass"], t["miss_by"]) for t in report.targets(res)}  # what report.write renders
     assert verdicts == {"T4": (False, "hit ratio 99.90% vs 99.95% (0% short)"), "T2": (True, None)}
 
-    res["scenarios"][3]["req_per_s"] = 2000.0  # B2 twice as fast: T2's ratio 0.5x, under its 0.6x
-    (t2,) = report.targets(res, (targets.T2,))
-    assert t2["pass"] is False and t2["miss_by"].startswith("req/s ratio 0.50x vs 0.6x (17% short)")
+    res["scenarios"][5]["req_per_s"] = 2000.0  # B2 2.5x faster: T7's ratio 0.5x (under 0.6x), T2's 0.8x (1.5x)
+    t7, t2 = report.targets(res, (targets.T7, targets.T2))
+    assert t7["pass"] is False and t7["miss_by"].startswith("req/s ratio 0.50x vs 0.6x (17% short)")
+    assert t2["pass"] is False and t2["miss_by"].startswith("req/s ratio 0.80x vs 1.5x (47% short)")
 
 
 def test_a_check_not_measured_is_not_met():
@@ -333,6 +345,8 @@ def test_the_runner_records_the_scenarios_of_the_data(monkeypatch, tmp_path):
     monkeypatch.setattr(runner.procs, "real_app", lambda name, *a, **k: Topo(name))
     monkeypatch.setattr(runner.procs, "trivial_app", lambda *a: Topo("B1"))
     monkeypatch.setattr(runner.procs, "trivial_single", lambda *a: Topo("B2"))
+    monkeypatch.setattr(runner.procs, "colocated_app", lambda name, *a, **k: Topo(name))
+    monkeypatch.setattr(runner.procs, "one_process", lambda *a: Topo(sc.ONE_PROCESS))
     monkeypatch.setattr(
         runner,
         "redis_mget_baseline",
@@ -356,17 +370,28 @@ def test_the_runner_records_the_scenarios_of_the_data(monkeypatch, tmp_path):
     suite.phase_100k(types.SimpleNamespace(url="redis://127.0.0.1:1"), 100_000)
 
     recorded = [(name, topo, tags) for name, topo, tags, record, _ in loads if record]
-    expected = [s for s in (*sc.COLD, *sc.WARM, sc.OPEN_50, *sc.TRIVIAL, *sc.NOREDIS, sc.END_OF_PHASE, *sc.BULK)]
+    expected = [
+        *sc.COLD,
+        *sc.WARM,
+        sc.OPEN_50,
+        *sc.COLOCATED_WARM,
+        *sc.ONE_PROCESS_WARM,
+        *sc.TRIVIAL,
+        *sc.NOREDIS,
+        sc.END_OF_PHASE,
+        *sc.BULK,
+    ]
     assert recorded == [(s.name, s.topology, s.tags()) for s in expected]
     assert all(name in sc.BY_NAME for name, _, _ in recorded)
+    # One interleaved run per baseline window: T2 and T7 (co-located and split at c=32) share B2's.
     assert pairs == [
+        ({sc.COLOCATED_C1.name: sc.COLOCATED, sc.B5_C1.name: sc.ONE_PROCESS}, 1, targets.T1.pairing.seed),
         (
-            {t.app[0].name: t.app[0].topology, t.pairing.against.name: t.pairing.against.topology},
-            t.app[0].concurrency,
-            t.pairing.seed,
-        )
-        for t in targets.TARGETS
-        if t.pairing
+            {sc.COLOCATED_C32.name: sc.COLOCATED, sc.SINGLE_C32.name: sc.APP, sc.B2_C32.name: sc.TRIVIAL_1},
+            32,
+            targets.T2.pairing.seed,
+        ),
+        ({sc.SINGLE_C1.name: sc.APP, sc.B1_C1.name: sc.TRIVIAL_3}, 1, targets.T6.pairing.seed),
     ]
     single_c32 = next(kw for name, _, _, _, kw in loads if name == sc.SINGLE_C32.name)
     assert single_c32["concurrency"] == 32 and single_c32["duration"] == suite.b.single

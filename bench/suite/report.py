@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.suite import scenarios as sc
+from bench.suite.layers import B5_WORK
 from bench.suite.scenarios import Scenario
 from bench.suite.targets import (
     B1,
@@ -32,12 +33,15 @@ from bench.suite.targets import (
     B4_ALL_THREADS,
     B4_CALLERS,
     B4_ONE_THREAD,
+    B5,
     BASELINES,
     T1,
     T2,
     T3,
     T4,
     T5,
+    T6,
+    T7,
     TARGETS,
     Baseline,
     Target,
@@ -95,7 +99,7 @@ def paired_or_own(s: dict[str, dict], app: Scenario, base: Scenario) -> tuple[di
 
 
 def pairing_note(
-    s: dict[str, dict], a: dict, b: dict, app: Scenario, base: Scenario, figure: Callable[[dict], float]
+    s: dict[str, dict], a: dict, b: dict, app: Scenario, base: Scenario, figure: Callable[[dict], float | None]
 ) -> str:
     """How the judged ratio was measured, the interleaved windows' own spread, and the ratio of
     the separate windows for comparison."""
@@ -155,7 +159,7 @@ def _verdict(
 
 def _pair_note(t: Target, s: dict[str, dict], a: dict, b: dict) -> str:
     metric = t.ratio_metric
-    return pairing_note(s, a, b, t.app[0], t.pairing.against, lambda r: r[metric])
+    return pairing_note(s, a, b, t.app[0], t.pairing.against, lambda r: r.get(metric))
 
 
 def _target_single_c1(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
@@ -288,7 +292,9 @@ def _target_scale(t: Target, res: dict, s: dict[str, dict]) -> dict | None:
 # Which rows each target is judged on and how its figures read; the bounds are the target's own.
 RENDER: dict[str, Callable[[Target, dict, dict[str, dict]], dict | None]] = {
     T1.id: _target_single_c1,
+    T6.id: _target_single_c1,
     T2.id: _target_single_c32,
+    T7.id: _target_single_c32,
     T3.id: _target_bulk,
     T4.id: _target_retrieval,
     T5.id: _target_scale,
@@ -410,6 +416,32 @@ def _limit_single_c1(t: dict, res: dict, s: dict[str, dict]) -> None:
         )
 
 
+def _limit_colocated_c1(t: dict, res: dict, s: dict[str, dict]) -> None:
+    """T1: what the co-located request spends beyond B5's, by stage (the services' own histograms,
+    all three in one process) and by layer (its profile at c=1: each sample charged to the
+    innermost layer of the app's it is in, ``bench.suite.layers``)."""
+    target: Target = t["target"]
+    app, base = s.get(target.app[0].name), s.get(target.pairing.against.name)
+    if not (app and base):
+        return
+    t["limit"] = (
+        f"P50 {app['p50_ms']:.2f} ms vs {B5.id} {base['p50_ms']:.2f} ms: +{app['p50_ms'] - base['p50_ms']:.2f} ms "
+        f"(mean +{app['mean_ms'] - base['mean_ms']:.2f} ms); largest stages: {top_parts(app)}"
+    )
+    if app.get("req_per_s") and base.get("req_per_s"):
+        mine = sum(app.get("cpu_util", {}).get(k, 0.0) for k in ("gateway", "feature", "model")) / app["req_per_s"]
+        theirs = sum(v for k, v in base.get("cpu_util", {}).items() if k != "loadgen") / base["req_per_s"]
+        t["limit"] += f"; CPU per request {mine * 1e3:.2f} ms vs {B5.id}'s {theirs * 1e3:.2f} ms"
+    prof = res.get("profiles", {}).get(sc.PROFILE_COLOCATED_C1.key)
+    if prof and prof.get("by_layer"):
+        own = {k: v for k, v in prof["by_layer"].items() if k not in B5_WORK}
+        t["limit"] += (
+            f"; its profile at c=1 (on-CPU {prof['busy_fraction']:.0%} of wall time): the work {B5.id} does too "
+            f"{sum(prof['by_layer'].get(k, 0.0) for k in B5_WORK):.0%} of samples, then "
+            + ", ".join(f"{k} {v:.0%}" for k, v in list(own.items())[:6])
+        )
+
+
 def _limit_single_c32(t: dict, res: dict, s: dict[str, dict]) -> None:
     target: Target = t["target"]
     app = s.get(target.app[0].name)
@@ -470,8 +502,10 @@ def _limit_retrieval(t: dict, res: dict, s: dict[str, dict]) -> None:
 
 
 LIMITS: dict[str, Callable[[dict, dict, dict[str, dict]], None]] = {
-    T1.id: _limit_single_c1,
+    T1.id: _limit_colocated_c1,
+    T6.id: _limit_single_c1,
     T2.id: _limit_single_c32,
+    T7.id: _limit_single_c32,
     T3.id: _limit_bulk,
     T4.id: _limit_retrieval,
 }
@@ -510,7 +544,7 @@ def mget_idle_p99(res: dict) -> float:
 
 # -- plots -----------------------------------------------------------------------------------------
 
-TRIVIAL = (sc.TRIVIAL_3, sc.TRIVIAL_1)  # the baselines' topologies: dashed
+TRIVIAL = (sc.TRIVIAL_3, sc.TRIVIAL_1, sc.ONE_PROCESS)  # the baselines' topologies: dashed
 
 
 def plot_cdf(res: dict, path: str) -> None:
@@ -532,6 +566,8 @@ def plot_cdf(res: dict, path: str) -> None:
                 sc.B1_C32,
                 sc.B2_C1,
                 sc.B2_C32,
+                *sc.COLOCATED_WARM,
+                *sc.ONE_PROCESS_WARM,
             ),
         ),
         (f"bulk and open loop ({sc.G100K})", (*sc.BULK, sc.B1_BULK_256, *sc.OPEN)),
@@ -565,6 +601,8 @@ def plot_throughput(res: dict, path: str) -> None:
     s = by_name(res)
     series = {
         "app (Redis on)": (sc.SINGLE_C1, sc.SINGLE_C8, sc.SINGLE_C32),
+        "app co-located": sc.COLOCATED_WARM,
+        f"{B5.id} {B5.label}": sc.ONE_PROCESS_WARM,
         f"{B1.id} {B1.label}": (sc.B1_C1, sc.B1_C8, sc.B1_C32),
         f"{B2.id} {B2.label}": (sc.B2_C1, sc.B2_C8, sc.B2_C32),
     }
@@ -595,15 +633,16 @@ def plot_throughput(res: dict, path: str) -> None:
 
 def _plot_bulk(ax, res: dict, s: dict) -> None:
     """T3: bulk-256 nodes/s of the app per concurrency, the monoliths' best as lines."""
-    rows = [(x.concurrency, s[x.name]) for x in T3.app if x.name in s]
-    ax.plot([c for c, _ in rows], [r["nodes_per_s"] for _, r in rows], "o-", label="app, bulk 256 (Redis on)")
+    for topology, label in ((sc.APP, "app, bulk 256 (Redis on)"), (sc.COLOCATED, "app co-located, bulk 256")):
+        rows = [(x.concurrency, s[x.name]) for x in T3.app if x.name in s and x.topology == topology]
+        ax.plot([c for c, _ in rows], [r["nodes_per_s"] for _, r in rows], "o-", label=label)
     inproc = res.get("baselines", {}).get("inproc", {})
     for base, colour in zip(T3.baselines, ("tab:green", "tab:red")):
         best = best_of(inproc, base)
         if best:
             label = next(v.label for v in base.variants if v.key == best["variant"])
             ax.axhline(best["nodes_per_s"], color=colour, lw=0.9, ls="--", label=f"{base.id} best ({label})")
-    ticks = [x.concurrency for x in T3.app]
+    ticks = sorted({x.concurrency for x in T3.app})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [str(c) for c in ticks])
     ax.set_xlabel("concurrency (256-node requests)")
@@ -731,7 +770,11 @@ def cpu_per_request(row: dict) -> dict[str, float]:
 # (scenario, True: its batching-window what-ifs instead of itself)
 CPU_ROWS = (
     (sc.SINGLE_C1, False),
+    (sc.COLOCATED_C1, False),
+    (sc.B5_C1, False),
     (sc.SINGLE_C32, False),
+    (sc.COLOCATED_C32, False),
+    (sc.B5_C32, False),
     (sc.SINGLE_C32, True),
     (sc.NOREDIS_C32, False),
     (sc.B1_C1, False),
@@ -739,6 +782,8 @@ CPU_ROWS = (
     (sc.B2_C1, False),
     (sc.B2_C32, False),
     (sc.BULK_256, False),
+    (sc.COLOCATED_BULK_256_C4, False),
+    (sc.B5_BULK_256_C4, False),
     (sc.NOREDIS_BULK_256, False),
     (sc.B1_BULK_256, False),
     (sc.ONE_M_C32, False),
@@ -759,7 +804,7 @@ def cpu_table(res: dict) -> list[str]:
         c = cpu_per_request(s[n])
         svc = {k: v for k, v in c.items() if k != "loadgen"}
         total = sum(svc.values())
-        gw = c.get("gateway", c.get("single", NAN))
+        gw = c.get("gateway", c.get("single", c.get("one", NAN)))  # the one process of B2, B5
         lines.append(
             f"| {n} | {s[n]['req_per_s']:.0f} | {gw:.2f} | {f(c.get('feature'))} | {f(c.get('model'))} | "
             f"{total:.2f} | {c.get('loadgen', NAN):.2f} | {2000 / total if total else NAN:,.0f} |"

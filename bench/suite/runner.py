@@ -27,8 +27,9 @@ import psutil
 
 from bench.suite import procs, promtext
 from bench.suite import scenarios as sc
+from bench.suite.layers import layer_of
 from bench.suite.scenarios import Profile, Scenario
-from bench.suite.targets import B1, B2, TARGETS
+from bench.suite.targets import B1, B2, TARGETS, Target
 from harness import load as loadgen
 from harness.redis_servers import HOST, RedisServer, raw_command, redis_available
 from harness.workload import bodies, make_dist
@@ -355,6 +356,7 @@ class Suite:
                 "cdf": res.cdf(),
                 "windows": [
                     {
+                        "p50_ms": float(np.percentile(p.latencies_s, 50) * 1e3) if p.ok else None,
                         "p99_ms": float(np.percentile(p.latencies_s, 99) * 1e3) if p.ok else None,
                         "req_per_s": p.ok / p.elapsed_s if p.elapsed_s else 0.0,
                     }
@@ -597,7 +599,14 @@ class Suite:
         app_n = procs.real_app(
             sc.APP_NOREDIS, HOME_100K, {**env_r, "GSAGE_REDIS_URL": ""}, self.logs, model=app_r.services["model"]
         )
-        topos = [app_r, app_n, procs.trivial_app(HOME_100K, self.logs), procs.trivial_single(HOME_100K, self.logs)]
+        topos = [
+            app_r,
+            app_n,
+            procs.trivial_app(HOME_100K, self.logs),
+            procs.trivial_single(HOME_100K, self.logs),
+            procs.colocated_app(sc.COLOCATED, HOME_100K, env_r, self.logs),
+            procs.one_process(HOME_100K, env_r, self.logs),
+        ]
         alt = None
         if not a.quick:  # what-if: the model runner's batching window, the other way from its default
             out = run_cmd(
@@ -633,6 +642,14 @@ class Suite:
         for s in self.selected(sc.OPEN):
             run(s, rate=max(10.0, round(warm[sc.OPEN_LOOP_OF]["req_per_s"] * s.open_loop, -1)))
 
+        self.log(
+            "-- co-located (the three services in one process) and B5 (the same work behind one route), warmed alike"
+        )
+        for s in (*sc.COLOCATED_WARMUP, *sc.COLOCATED_WARM, *sc.ONE_PROCESS_WARM):
+            run(s)
+        if not a.no_profile and not self.over_budget("profiles"):
+            self.run_profiles((sc.PROFILE_COLOCATED_C1,), on[sc.COLOCATED])
+
         if alt is not None:
             self.log(f"-- what-if: GSAGE_MAX_BATCH_DELAY_MS={alt:g} (own services, the same Redis)")
             for s in (sc.WHAT_IF_WARMUP, *sc.WHAT_IF):
@@ -646,23 +663,23 @@ class Suite:
         # both meet the same background. 8 rounds, not 4: one window's P99 at c=1 varies widely
         # within a side (the "per window pair" range in the report's T1 row), and a P99 pooled over
         # 4 windows moved T1 across its bound between two runs on one machine.
-        paired = [t for t in TARGETS if t.pairing]
-        self.log(
-            "-- paired: the app and its baseline in alternating windows ("
-            + ", ".join(f"{t.id}: {t.pairing.against.topology} at c={t.app[0].concurrency}" for t in paired)
-            + ")"
-        )
+        # Targets paired with the same baseline window share one interleaved run (T2 and T7: the
+        # co-located and the split app against B2 at c=32), so no baseline row is recorded twice.
         rounds, window = (2, 2.0) if a.quick else (8, b.short / 2)
-        for t in paired:
-            mine, theirs = t.app[0], t.pairing.against
+        for against, group in pairings(TARGETS):
+            self.log(
+                f"-- paired: {', '.join(t.id + ' (' + t.app[0].name + ')' for t in group)} and {against.name} "
+                "in alternating windows"
+            )
+            sides = {t.app[0].name: on[t.app[0].topology] for t in group}
             self.paired(
-                {mine.name: on[mine.topology], theirs.name: on[theirs.topology]},
-                concurrency=mine.concurrency,
+                {**sides, against.name: on[against.topology]},
+                concurrency=against.concurrency,
                 rounds=rounds,
                 window=window,
-                tags={"graph": mine.graph},
-                seed=t.pairing.seed,
-                nodes=mine.nodes,
+                tags={"graph": group[0].app[0].graph},
+                seed=group[0].pairing.seed,
+                nodes=group[0].app[0].nodes,
             )
 
         self.log("-- warm, Redis off (L1 10%, misses read the memory-mapped snapshot)")
@@ -740,6 +757,16 @@ class Suite:
         self.log("memory (RSS MiB): " + ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in mem.items()))
         self.stop(app)
         self.results["phases"]["1m"] = round(self.elapsed() - t_phase, 1)
+
+
+def pairings(targets: tuple[Target, ...]) -> list[tuple[Scenario, list[Target]]]:
+    """The targets with interleaved windows, grouped by the baseline window they pair with (in
+    the order of ``targets``)."""
+    groups: dict[str, tuple[Scenario, list[Target]]] = {}
+    for t in targets:
+        if t.pairing:
+            groups.setdefault(t.pairing.against.name, (t.pairing.against, []))[1].append(t)
+    return list(groups.values())
 
 
 def worker_restarts(services: list[procs.Proc]) -> dict[str, list[str]]:
@@ -866,6 +893,7 @@ def summarise_profile(path: str, seconds: float, rate: int = 100) -> dict[str, A
     in a known package), top leaf functions, and inclusive time of selected functions."""
     leaf: Counter[str] = Counter()
     comp: Counter[str] = Counter()
+    layer: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
     pids: set[str] = set()
@@ -879,6 +907,7 @@ def summarise_profile(path: str, seconds: float, rate: int = 100) -> dict[str, A
             frames = stack.split(";")
             if frames and frames[0].startswith("process"):
                 pids.add(frames[0])
+            layer[layer_of(frames)] += n
             # frames look like "func (path/file.py:line)"
             leaf[frames[-1].split(":")[0] if frames else "?"] += n
             for fr in reversed(frames):
@@ -901,6 +930,7 @@ def summarise_profile(path: str, seconds: float, rate: int = 100) -> dict[str, A
         "busy_fraction": total / max(wall_samples, 1),
         "processes": len(pids) or 1,
         "by_component": {k: v / max(total, 1) for k, v in comp.most_common()},
+        "by_layer": {k: v / max(total, 1) for k, v in layer.most_common()},
         "top_leaf": [[k, v / max(total, 1)] for k, v in leaf.most_common(12)],
         "top_inclusive": [[k, v / max(total, 1)] for k, v in incl.most_common(40)],
     }

@@ -28,6 +28,8 @@ APP_DELAY = "app-delay"  # the what-if: the model runner's batching window the o
 APP_1M = "app-1m"  # the composed app on the 1M/10M graph
 TRIVIAL_3 = "B1"  # three services that do no work (baseline B1)
 TRIVIAL_1 = "B2"  # one service that does no work (baseline B2)
+COLOCATED = "app-colocated"  # the composed app's three services in one process (the single-machine choice)
+ONE_PROCESS = "B5"  # the app's work in one process behind uvicorn and one route (baseline B5)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,32 @@ OPEN_50 = Scenario(open_loop_name(0.5), group="open", duration="open", open_loop
 OPEN_80 = Scenario(open_loop_name(0.8), group="open", duration="open", open_loop=0.8, quick=False)
 OPEN = (OPEN_50, OPEN_80)
 
+# The co-located deployment (the gateway started with no ``--depends`` runs both runners in its own
+# worker; same Redis, same settings), warmed as the split app is, then judged by T1 and T2 and in
+# bulk by T3. B5: the same work in one process, warmed the same way (its L1 is its own).
+COLOCATED_WARMUP = (
+    Scenario(
+        "co-located warm-up 32-node",
+        COLOCATED,
+        nodes=32,
+        concurrency=2,
+        duration="warmup",
+        share=0.6,
+        seed=22,
+        record=False,
+    ),
+    Scenario(
+        "co-located warm-up single", COLOCATED, concurrency=8, duration="warmup", share=0.4, seed=21, record=False
+    ),
+    Scenario(
+        "B5 warm-up 32-node", ONE_PROCESS, nodes=32, concurrency=2, duration="warmup", share=0.6, seed=22, record=False
+    ),
+    Scenario("B5 warm-up single", ONE_PROCESS, concurrency=8, duration="warmup", share=0.4, seed=21, record=False),
+)
+COLOCATED_C1 = Scenario("co-located single zipf c=1", COLOCATED, group="colocated", duration="single")
+COLOCATED_C32 = Scenario("co-located single zipf c=32", COLOCATED, concurrency=32, group="colocated", duration="single")
+COLOCATED_WARM = (COLOCATED_C1, COLOCATED_C32)
+
 # What-if (full runs): GSAGE_MAX_BATCH_DELAY_MS the other way from its default, on own services.
 WHAT_IF_WARMUP = Scenario("warm-up", concurrency=8, duration="warmup", share=0.3, seed=21, record=False)
 WHAT_IF = tuple(replace(sc, duration="short") for sc in (SINGLE_C1, SINGLE_C32))  # as ``batch_delay(sc, ms)``
@@ -142,6 +170,11 @@ B2_C1 = baseline_scenario("B2 single c=1", TRIVIAL_1)
 B2_C8 = baseline_scenario("B2 single c=8", TRIVIAL_1, concurrency=8)
 B2_C32 = baseline_scenario("B2 single c=32", TRIVIAL_1, concurrency=32)
 TRIVIAL = (B1_C1, B1_C8, B1_C32, B1_BULK_256, B2_C1, B2_C8, B2_C32)
+# B5 is the app's own work: warm (its L1 filled by COLOCATED_WARMUP), on the suite's Redis.
+B5_C1 = Scenario("B5 single zipf c=1", ONE_PROCESS, group="B5", duration="single")
+B5_C32 = Scenario("B5 single zipf c=32", ONE_PROCESS, concurrency=32, group="B5")
+B5_BULK_256_C4 = Scenario("B5 bulk 256 zipf c=4", ONE_PROCESS, nodes=256, concurrency=4, group="B5", duration="bulk")
+ONE_PROCESS_WARM = (B5_C1, B5_C32)
 
 NOREDIS_C1 = noredis("single zipf c=1 (no redis)", group="noredis")
 NOREDIS_C32 = noredis("single zipf c=32 (no redis)", concurrency=32, group="noredis")
@@ -160,7 +193,10 @@ BULK_256_C4 = Scenario("bulk 256 zipf c=4", nodes=256, concurrency=4, group="bul
 # Saturation: the gateway merges concurrent bulk requests (up to GSAGE_MAX_NODES_PER_REQUEST
 # per FeatureRunner call) and all three services stay busy.
 BULK_256_C16 = Scenario("bulk 256 zipf c=16", nodes=256, concurrency=16, group="bulk", duration="bulk")
-BULK = (BULK_64, BULK_256, BULK_1024, BULK_256_C4, BULK_256_C16)
+COLOCATED_BULK_256_C4 = Scenario(
+    "co-located bulk 256 zipf c=4", COLOCATED, nodes=256, concurrency=4, group="bulk", duration="bulk"
+)
+BULK = (BULK_64, BULK_256, BULK_1024, BULK_256_C4, BULK_256_C16, COLOCATED_BULK_256_C4, B5_BULK_256_C4)
 
 # -- the 1M/10M phase (full runs) ------------------------------------------------------------------
 
@@ -197,6 +233,8 @@ PROFILE_FEATURE_C32 = Profile("feature_c32", "feature", SINGLE_C32)
 # T1's work: what the two runners spend a single-node request on, beyond B1's.
 PROFILE_FEATURE_C1 = Profile("feature_c1", "feature", SINGLE_C1)
 PROFILE_MODEL_C1 = Profile("model_c1", "model", SINGLE_C1)
+# T1's layers: the co-located process at c=1 (its samples charged to layers, ``bench.suite.layers``).
+PROFILE_COLOCATED_C1 = Profile("colocated_c1", "gateway", COLOCATED_C1, quick=True)
 PROFILES_WARM = (PROFILE_GATEWAY_C32, PROFILE_FEATURE_C32, PROFILE_FEATURE_C1, PROFILE_MODEL_C1)
 # T3's scenario at saturation, each service in turn (the quick run profiles the FeatureRunner only).
 PROFILES_BULK = tuple(
@@ -210,6 +248,8 @@ def recorded(scenarios: tuple[Scenario, ...]) -> tuple[Scenario, ...]:
 
 # Every row a run can record under a fixed name, in run order (the what-ifs and paired rows are
 # named after these).
-ALL = recorded(COLD + WARM + OPEN + TRIVIAL + NOREDIS + (END_OF_PHASE,) + BULK + ONE_M)
+ALL = recorded(
+    COLD + WARM + OPEN + COLOCATED_WARM + ONE_PROCESS_WARM + TRIVIAL + NOREDIS + (END_OF_PHASE,) + BULK + ONE_M
+)
 BY_NAME = {sc.name: sc for sc in ALL}
 assert len(BY_NAME) == len(ALL), "scenario names must be unique"
