@@ -425,8 +425,9 @@ def _limit_colocated_c1(t: dict, res: dict, s: dict[str, dict]) -> None:
     if not (app and base):
         return
     t["limit"] = (
-        f"P50 {app['p50_ms']:.2f} ms vs {B5.id} {base['p50_ms']:.2f} ms: +{app['p50_ms'] - base['p50_ms']:.2f} ms "
-        f"(mean +{app['mean_ms'] - base['mean_ms']:.2f} ms); largest stages: {top_parts(app)}"
+        f"in their own windows, P50 {app['p50_ms']:.2f} ms vs {B5.id} {base['p50_ms']:.2f} ms: "
+        f"+{app['p50_ms'] - base['p50_ms']:.2f} ms (mean +{app['mean_ms'] - base['mean_ms']:.2f} ms); largest "
+        f"stages: {top_parts(app)}"
     )
     if app.get("req_per_s") and base.get("req_per_s"):
         mine = sum(app.get("cpu_util", {}).get(k, 0.0) for k in ("gateway", "feature", "model")) / app["req_per_s"]
