@@ -9,7 +9,8 @@ memory-mapped snapshot), the input layout the FeatureRunner would choose for the
 the model runner's ``run_batch`` (ONNX Runtime, the configured intra-op threads), and answers a
 JSON body of the gateway's shape (one entry per node: id, label, probabilities). What it does
 not do is what the split app adds: auth, routing, breakers, the hops and their encodings, the
-batchers. ``/readyz`` and ``/metrics`` (empty) let the suite start and scrape it as it does the
+batchers. Under uvicorn's defaults it logs a line per request, as the BentoML sides of the suite do
+(``procs.AsgiProc``). ``/readyz`` and ``/metrics`` (empty) let the suite start and scrape it as it does the
 BentoML services.
 
     BENTOML_HOME=/tmp/gsage-bench-home python -m uvicorn bench.suite.one_process:app --port 3005
