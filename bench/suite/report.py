@@ -429,10 +429,9 @@ def _limit_colocated_c1(t: dict, res: dict, s: dict[str, dict]) -> None:
         f"+{app['p50_ms'] - base['p50_ms']:.2f} ms (mean +{app['mean_ms'] - base['mean_ms']:.2f} ms); largest "
         f"stages: {top_parts(app)}"
     )
-    if app.get("req_per_s") and base.get("req_per_s"):
-        mine = sum(app.get("cpu_util", {}).get(k, 0.0) for k in ("gateway", "feature", "model")) / app["req_per_s"]
-        theirs = sum(v for k, v in base.get("cpu_util", {}).items() if k != "loadgen") / base["req_per_s"]
-        t["limit"] += f"; CPU per request {mine * 1e3:.2f} ms vs {B5.id}'s {theirs * 1e3:.2f} ms"
+    mine, theirs = (sum(v for k, v in cpu_per_request(row).items() if k != "loadgen") for row in (app, base))
+    if mine and theirs:
+        t["limit"] += f"; CPU per request {mine:.2f} ms vs {B5.id}'s {theirs:.2f} ms"
     prof = res.get("profiles", {}).get(sc.PROFILE_COLOCATED_C1.key)
     if prof and prof.get("by_layer"):
         own = {k: v for k, v in prof["by_layer"].items() if k not in B5_WORK}
