@@ -139,14 +139,20 @@ def run(
             f"{name:8s} {row['req_per_s']:8.1f} req/s  mean {row['mean_ms']:7.2f}  P50 {row['p50_ms']:7.2f}  "
             f"P99 {row['p99_ms']:7.2f} ms  errors {row['error_count']}  window P99s {windows}"
         )
+        if row.get("cpu_ms_per_request") is not None:
+            print(f"{'':8s} CPU of its services: {row['cpu_ms_per_request']:.3f} ms per request")
         print(f"{'':8s} stage means (ms): {stage_means_ms(suite.stages(before[name], after[name]))}")
     base = rows.get(args.baseline)
     if base is not None:
         for name, row in rows.items():
             if row is not base:
+                cpu = ""
+                if row.get("cpu_ms_per_request") and base.get("cpu_ms_per_request"):
+                    cpu = f", CPU per request {row['cpu_ms_per_request'] / base['cpu_ms_per_request']:.2f}x"
                 print(
-                    f"{name}/{args.baseline}: P99 {row['p99_ms'] / base['p99_ms']:.2f}x, mean "
-                    f"{row['mean_ms'] / base['mean_ms']:.2f}x, req/s {row['req_per_s'] / base['req_per_s']:.2f}x"
+                    f"{name}/{args.baseline}: P50 {row['p50_ms'] / base['p50_ms']:.2f}x, P99 "
+                    f"{row['p99_ms'] / base['p99_ms']:.2f}x, mean {row['mean_ms'] / base['mean_ms']:.2f}x, req/s "
+                    f"{row['req_per_s'] / base['req_per_s']:.2f}x{cpu}"
                 )
 
 

@@ -327,8 +327,10 @@ class Suite:
         pool = request_pool("zipf", 100_000, nodes, seed)
         names = list(sides)
         parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
+        cpu_s: dict[str, float] = dict.fromkeys(names, 0.0)  # the side's services, over its windows
         for r in range(rounds):
             for side in names if r % 2 == 0 else names[::-1]:
+                cpu0 = sum(sides[side].cpu_seconds().values())
                 parts[side].append(
                     asyncio.run(
                         loadgen.closed_loop(
@@ -343,6 +345,7 @@ class Suite:
                         )
                     )
                 )
+                cpu_s[side] += sum(sides[side].cpu_seconds().values()) - cpu0
         rows = {}
         for side in names:
             res = loadgen.LoadResult.pooled(parts[side])
@@ -354,6 +357,9 @@ class Suite:
                 "group": "paired",
                 **res.summary(),
                 "cdf": res.cdf(),
+                # CPU of the side's services per request answered (warm-up requests included in the
+                # CPU, not in the count: the same few per window on every side)
+                "cpu_ms_per_request": cpu_s[side] / res.ok * 1e3 if res.ok else None,
                 "windows": [
                     {
                         "p50_ms": float(np.percentile(p.latencies_s, 50) * 1e3) if p.ok else None,
