@@ -23,6 +23,7 @@ connection is not (the service is down).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
@@ -195,10 +196,15 @@ class WaitBudget:
 
     async def wait(self, call: Awaitable[T]) -> T:
         """``await call`` within what is left; ``TimeoutError`` once it is spent."""
+        if self.left <= 0:  # spent: the call is not started at all
+            if inspect.iscoroutine(call):
+                call.close()
+            raise TimeoutError
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            return await asyncio.wait_for(call, max(0.0, self.left))
+            async with asyncio.timeout(self.left):  # in the caller's task, as the breaker's
+                return await call
         finally:
             self.left -= loop.time() - started
 

@@ -194,3 +194,22 @@ def test_each_failed_probe_doubles_the_open_time_up_to_its_cap_and_closing_reset
     assert b.state is BreakerState.CLOSED and b.reset_s == 1.0
     b.record_failure()
     assert b.retry_after_s() == 1.0
+
+
+def test_a_call_runs_in_the_callers_own_task():
+    """No task per call: every hop of a request goes through a breaker, and a task of its own
+    (``asyncio.wait_for``'s) costs event-loop turns each time; the deadline still holds."""
+    b, _ = make()
+
+    async def main() -> None:
+        caller = asyncio.current_task()
+
+        async def which_task() -> asyncio.Task[object] | None:
+            return asyncio.current_task()
+
+        assert await b.call(which_task, timeout_s=1.0) is caller
+        with pytest.raises(TimeoutError):
+            await b.call(asyncio.sleep, 2.0, timeout_s=1.0)
+        assert asyncio.get_running_loop().time() == 1.0
+
+    run(main())

@@ -44,3 +44,15 @@ def test_calls_share_one_budget_and_the_last_times_out_when_it_is_spent():
         assert started == [] and loop.time() == 0.25 and budget.left == 0.0
 
     run(main())
+
+
+def test_a_wait_runs_in_the_callers_own_task():
+    async def main() -> None:
+        caller = asyncio.current_task()
+
+        async def which_task() -> asyncio.Task[object] | None:
+            return asyncio.current_task()
+
+        assert await WaitBudget(1.0).wait(which_task()) is caller
+
+    run(main())
