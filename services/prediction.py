@@ -200,10 +200,9 @@ class PredictionCore:
         groups: dict[tuple[Any, ...], list[_Call]] = defaultdict(list)
         for call in calls:
             groups[call.group].append(call)
-        if len(groups) == 1:  # the common case: no task per group
-            answers = [await self._run_group(calls)]
-        else:
-            answers = await asyncio.gather(*(self._run_group(g) for g in groups.values()))
+        if len(groups) == 1:  # the common case: in this task, the answers already in the calls' order
+            return await self._run_group(calls)
+        answers = await asyncio.gather(*(self._run_group(g) for g in groups.values()))
         by_call = {id(c): a for g, ans in zip(groups.values(), answers) for c, a in zip(g, ans)}
         return [by_call[id(c)] for c in calls]
 
