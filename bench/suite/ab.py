@@ -140,7 +140,10 @@ def run(
             f"P99 {row['p99_ms']:7.2f} ms  errors {row['error_count']}  window P99s {windows}"
         )
         if row.get("cpu_ms_per_request") is not None:
-            print(f"{'':8s} CPU of its services: {row['cpu_ms_per_request']:.3f} ms per request")
+            print(
+                f"{'':8s} CPU of its services: {row['cpu_ms_per_request']:.3f} ms per request; of the load "
+                f"generator: {row['client_cpu_ms_per_request']:.3f} ms; both: {row['cores']:.2f} cores"
+            )
         print(f"{'':8s} stage means (ms): {stage_means_ms(suite.stages(before[name], after[name]))}")
     base = rows.get(args.baseline)
     if base is not None:

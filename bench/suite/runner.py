@@ -328,9 +328,11 @@ class Suite:
         names = list(sides)
         parts: dict[str, list[loadgen.LoadResult]] = {k: [] for k in names}
         cpu_s: dict[str, float] = dict.fromkeys(names, 0.0)  # the side's services, over its windows
+        client_s: dict[str, float] = dict.fromkeys(names, 0.0)  # this process's (the load generator's)
         for r in range(rounds):
             for side in names if r % 2 == 0 else names[::-1]:
                 cpu0 = sum(sides[side].cpu_seconds().values())
+                client0 = sum(self.me.cpu_times()[:2])
                 parts[side].append(
                     asyncio.run(
                         loadgen.closed_loop(
@@ -345,6 +347,7 @@ class Suite:
                         )
                     )
                 )
+                client_s[side] += sum(self.me.cpu_times()[:2]) - client0
                 cpu_s[side] += sum(sides[side].cpu_seconds().values()) - cpu0
         rows = {}
         for side in names:
@@ -360,6 +363,9 @@ class Suite:
                 # CPU of the side's services per request answered (warm-up requests included in the
                 # CPU, not in the count: the same few per window on every side)
                 "cpu_ms_per_request": cpu_s[side] / res.ok * 1e3 if res.ok else None,
+                # The client shares the machine's cores: what it takes is not the services' to use.
+                "client_cpu_ms_per_request": client_s[side] / res.ok * 1e3 if res.ok else None,
+                "cores": (cpu_s[side] + client_s[side]) / res.elapsed_s if res.elapsed_s else None,
                 "windows": [
                     {
                         "p50_ms": float(np.percentile(p.latencies_s, 50) * 1e3) if p.ok else None,
