@@ -1,7 +1,7 @@
 """Where the co-located app's time at c=1 goes beside B5's, with no socket: both ASGI apps called
 in this process (prints numbers, never asserts).
 
-    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers]
+    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers] [--targets 1]
 
 ``bench.suite.ab --colocated --baseline B5`` measures both over HTTP, from a client; this calls the
 same two ASGI apps directly, one request at a time on one uvloop loop, in interleaved rounds: the
@@ -161,7 +161,11 @@ async def measure(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
 
         apps["colocated"] = Gateway.to_asgi()
     states = {name: await _started(app) for name, app in apps.items()}
-    bodies = [json.dumps({"node_ids": [i * 7919 % num_nodes], "seed": 5}).encode() for i in range(args.calls)]
+    n = args.targets
+    bodies = [
+        json.dumps({"node_ids": [(i * n + j) * 7919 % num_nodes for j in range(n)], "seed": 5}).encode()
+        for i in range(args.calls)
+    ]
     for name, app in apps.items():  # warm: L1, the compiled kernels, the connection pools
         await _window(app, states[name], bodies[: args.calls // 4])
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in apps}
@@ -189,6 +193,7 @@ def main() -> None:
     ap.add_argument("--redis", action="store_true", help="L2 in a Redis started here, as the suite's app")
     ap.add_argument("--only", choices=("gateway", "B5"), default=None, help="one side (to profile it)")
     ap.add_argument("--layers", action="store_true", help="the co-located app's time per layer (py-spy)")
+    ap.add_argument("--targets", type=int, default=1, help="node ids per request (256: T3's bulk request)")
     args = ap.parse_args()
     if args.layers and shutil.which("py-spy") is None:
         raise SystemExit("--layers needs py-spy: pip install -e '.[bench]'")
@@ -212,7 +217,13 @@ def main() -> None:
         finally:
             if redis is not None:
                 redis.stop()
-    out["config"] = {"calls": args.calls, "rounds": args.rounds, "redis": args.redis, "nodes": num_nodes}
+    out["config"] = {
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "redis": args.redis,
+        "nodes": num_nodes,
+        "targets": args.targets,
+    }
     for name in ("colocated", "B5"):
         if name in out:
             s = out[name]
@@ -229,8 +240,9 @@ def main() -> None:
     for name, ms in out.get("layers_ms", {}).items():
         print(f"  {ms * 1e3:7.1f} us  {name}")
     if args.only is None:
-        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        results = RESULTS if args.targets == 1 else RESULTS.with_name(f"request_layers_{args.targets}.json")
+        results.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {results.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

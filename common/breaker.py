@@ -21,13 +21,13 @@ whose values are the Prometheus gauge encoding: 0 closed, 1 half-open, 2 open (`
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from common.deadline import deadline
 from common.settings import RunnerCallsSection
 
 log = logging.getLogger(__name__)
@@ -187,8 +187,8 @@ class CircuitBreaker:
             raise BreakerOpen(self.name, self.retry_after_s())
         try:
             # In the caller's task: wait_for would wrap the call in a task of its own (three more
-            # event-loop turns on every hop of a request).
-            async with asyncio.timeout(timeout_s):
+            # event-loop turns on every hop of a request); the deadline shares the loop's timer.
+            with deadline(timeout_s):
                 result = await fn(*args, **kwargs)
         except Exception as exc:  # TimeoutError included
             if answered(exc):

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
+from common.deadline import deadline
 from common.endpoints import Endpoint, NoBody
 from common.errors import ApiError, retry_after
 from common.request_context import outgoing
@@ -203,7 +204,7 @@ class WaitBudget:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            async with asyncio.timeout(self.left):  # in the caller's task, as the breaker's
+            with deadline(self.left):  # in the caller's task, as the breaker's
                 return await call
         finally:
             self.left -= loop.time() - started

@@ -11,8 +11,8 @@ project ever sees what they answer.
   the minimal reproduction, ready to report upstream; the suite's B2 baseline (a BentoML service
   doing nothing) shows the effect on latency. The patched ``__call__`` keeps the contract (a
   request with no response started in time gets 504; once it has started, no deadline) with one
-  ``asyncio.timeout`` in the request's own task, lifted when the response starts: no timer left
-  behind, and no task per request (BentoML's runs the app in one).
+  ``common.deadline`` in the request's own task, lifted when the response starts: nothing left
+  behind, no timer of its own, and no task per request (BentoML's runs the app in one).
 - ``MaxConcurrencyMiddleware`` answers a request over ``max_concurrency`` with a 429 ``{"error":
   "Too many requests"}``: the status of a caller over its rate limit, without ``Retry-After``.
   Shedding load is the service's state, not the caller's: 503 with ``Retry-After: 1``, type
@@ -21,10 +21,10 @@ project ever sees what they answer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
+from common.deadline import deadline
 from common.errors import ApiError, retry_after, send_error
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: An
     if scope["type"] not in ("http", "websocket"):
         await self.app(scope, receive, send)
         return
-    # In this task, under a deadline the response's start lifts (``asyncio.Timeout.reschedule``):
+    # In this task, under a deadline the response's start lifts (``Deadline.lift``):
     # BentoML's runs the app in a task of its own per request, and a task's start and the waits on
     # it are event-loop turns in every service of every hop.
     responding = False
@@ -45,15 +45,15 @@ async def _timeout_call(self: Any, scope: dict[str, Any], receive: Any, send: An
         nonlocal responding
         if not responding:
             responding = True
-            if not deadline.expired():  # expired: the cancellation is on its way, and wins
-                deadline.reschedule(None)
+            if not limit.expired():  # expired: the cancellation is on its way, and wins
+                limit.lift()
         await send(message)
 
     try:
-        async with asyncio.timeout(self.timeout) as deadline:
+        with deadline(self.timeout) as limit:
             await self.app(scope, receive, _send)
     except TimeoutError:
-        if not deadline.expired() or responding:  # the app's own timeout, or past the response's start
+        if not limit.expired() or responding:  # the app's own timeout, or past the response's start
             raise
         await send_error(
             send, ApiError(504, f"not able to process the request in {self.timeout} seconds", type="timeout")
