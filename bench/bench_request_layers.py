@@ -1,7 +1,7 @@
 """Where the co-located app's time at c=1 goes beside B5's, with no socket: both ASGI apps called
 in this process (prints numbers, never asserts).
 
-    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers] [--targets 1]
+    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers [--nonblocking]] [--targets 1]
 
 ``bench.suite.ab --colocated --baseline B5`` measures both over HTTP, from a client; this calls the
 same two ASGI apps directly, one request at a time on one uvloop loop, in interleaved rounds: the
@@ -125,12 +125,17 @@ async def _window(app: App, state: dict[str, Any], bodies: list[bytes]) -> dict[
     }
 
 
-async def _layers(app: App, state: dict[str, Any], bodies: list[bytes], mean_ms: float) -> dict[str, float]:
+async def _layers(
+    app: App, state: dict[str, Any], bodies: list[bytes], mean_ms: float, nonblocking: bool
+) -> dict[str, float]:
     """One window of ``app`` under py-spy; each layer's share of the main thread's samples, in ms
-    of the unprofiled ``mean_ms``."""
+    of the unprofiled ``mean_ms``. ``nonblocking``: py-spy does not pause the process per sample
+    (a paused thread stops at its next return to user space, so blocking samples favour the
+    frames right after a system call)."""
     raw = Path(tempfile.mkdtemp(prefix="gsage-layers-")) / "stacks.txt"
     spy = await asyncio.create_subprocess_exec(
         *["py-spy", "record", "-r", "1000", "-f", "raw", "-o", str(raw), "-p", str(os.getpid())],
+        *(["--nonblocking"] if nonblocking else []),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -178,7 +183,9 @@ async def measure(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
         out[name] = {k: round(statistics.median(w[k] for w in windows), 4) for k in windows[0]}
         out[name]["windows_p50_ms"] = [round(w["p50_ms"], 4) for w in windows]
     if args.layers and "colocated" in apps:
-        out["layers_ms"] = await _layers(apps["colocated"], states["colocated"], bodies, out["colocated"]["mean_ms"])
+        out["layers_ms"] = await _layers(
+            apps["colocated"], states["colocated"], bodies, out["colocated"]["mean_ms"], args.nonblocking
+        )
     if len(out) >= 2 and "B5" in out:
         a, b = out["colocated"], out["B5"]
         out["colocated_minus_B5_ms"] = {k: round(a[k] - b[k], 4) for k in ("mean_ms", "p50_ms", "p99_ms", "cpu_ms")}
@@ -193,6 +200,7 @@ def main() -> None:
     ap.add_argument("--redis", action="store_true", help="L2 in a Redis started here, as the suite's app")
     ap.add_argument("--only", choices=("gateway", "B5"), default=None, help="one side (to profile it)")
     ap.add_argument("--layers", action="store_true", help="the co-located app's time per layer (py-spy)")
+    ap.add_argument("--nonblocking", action="store_true", help="--layers with py-spy's --nonblocking")
     ap.add_argument("--targets", type=int, default=1, help="node ids per request (256: T3's bulk request)")
     args = ap.parse_args()
     if args.layers and shutil.which("py-spy") is None:
@@ -223,6 +231,7 @@ def main() -> None:
         "redis": args.redis,
         "nodes": num_nodes,
         "targets": args.targets,
+        "nonblocking": args.nonblocking,
     }
     for name in ("colocated", "B5"):
         if name in out:
