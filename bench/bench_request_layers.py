@@ -2,6 +2,7 @@
 in this process (prints numbers, never asserts).
 
     python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers [--nonblocking]] [--targets 1]
+    python bench/bench_request_layers.py --stubbed [--targets 1]
 
 ``bench.suite.ab --colocated --baseline B5`` measures both over HTTP, from a client; this calls the
 same two ASGI apps directly, one request at a time on one uvloop loop, in interleaved rounds: the
@@ -19,6 +20,14 @@ BentoML's middleware, the gateway's guard, router and core, the hop to the Featu
 pipeline, the sampling and fetch B5 does too, the model runner's core, the forward B5 does too),
 the shares scaled to the unprofiled mean: which layers hold the difference. A sample in none of
 them is the event loop's own work (task steps, callbacks) or a background task.
+
+``--stubbed`` (no py-spy, no B5): each layer's own cost, timed rather than sampled. The gateway
+core answers a kept answer, and the request enters at each ASGI layer in turn (BentoML's
+middlewares, the guard, the router): the difference between two entries is the outer layer's own
+cost. Then the gateway core's own cost (the FeatureRunner answering a kept answer), and the
+FeatureRunner's ``predict`` timed alone, back to back, against the same call timed inside whole
+requests: the same work costs more between the layers than in a tight loop (caches and branch
+predictors shared with the rest of the request), which a sum of layer costs measured alone misses.
 """
 
 from __future__ import annotations
@@ -155,6 +164,103 @@ async def _layers(
     return {name: round(n / total * mean_ms, 4) for name, n in sorted(charged.items(), key=lambda kv: -kv[1])}
 
 
+async def _per_call_us(fn: Callable[[Any], Awaitable[Any]], inputs: list[Any]) -> float:
+    started = time.perf_counter()
+    for value in inputs:
+        await fn(value)
+    return (time.perf_counter() - started) / len(inputs) * 1e6
+
+
+def _asgi_chain(app: Any) -> list[Any]:
+    """The co-located app's ASGI layers, outermost first, down to the gateway's router (what
+    answers ``/predict``; BentoML's own routing sits past it)."""
+    chain = []
+    while app is not None and type(app).__name__ != "ContextMiddleware":
+        chain.append(app)
+        app = getattr(app, "middleware_stack" if type(app).__name__ == "Starlette" else "app", None)
+    return chain
+
+
+async def stubbed(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
+    """``--stubbed``: each layer's own cost, timed with what is inside it answering a kept answer."""
+    from common.feature_runner_api import PredictBatch
+    from services.gateway import Gateway
+    from services.gateway import _core as gateway_core
+    from services.protocol import PredictRequest
+
+    app = Gateway.to_asgi()
+    state = await _started(app)
+    n = args.targets
+    ids = [[(i * n + j) * 7919 % num_nodes for j in range(n)] for i in range(args.calls)]
+    bodies = [json.dumps({"node_ids": g, "seed": 5}).encode() for g in ids]
+    await _window(app, state, bodies[: args.calls // 4])
+    core = gateway_core.get()
+    pipeline = core.admin.feature.transport.core  # the FeatureRunner's core this gateway calls (LocalTransport)
+    requests = [PredictRequest(node_ids=g, seed=5) for g in ids]
+    batches = [PredictBatch.of(g, 5, "graphsage", dtype=core.prediction.transport_dtype) for g in ids]
+    kept_answer, kept_packed = await core.predict(requests[0]), await pipeline.predict(batches[0])
+    real_core, real_pipeline = core.predict, pipeline.predict
+
+    async def answer_kept(_: Any) -> Any:
+        return kept_answer
+
+    async def packed_kept(_: Any) -> Any:
+        return kept_packed
+
+    inside = [0.0]
+
+    async def pipeline_timed(batch: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await real_pipeline(batch)
+        finally:
+            inside[0] += time.perf_counter() - started
+
+    chain = _asgi_chain(app)
+    rounds: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        core.predict = answer_kept  # type: ignore[method-assign]
+        for i, layer in enumerate(chain):
+            entry = f"{i} {type(layer).__name__}"
+            rounds.setdefault(entry, []).append(
+                await _per_call_us(lambda body, layer=layer: _call(layer, body, state), bodies)
+            )
+        core.predict = real_core  # type: ignore[method-assign]
+        pipeline.predict = packed_kept  # type: ignore[method-assign]
+        rounds.setdefault("gateway core", []).append(await _per_call_us(core.predict, requests))
+        pipeline.predict = real_pipeline  # type: ignore[method-assign]
+        rounds.setdefault("FeatureRunner predict, alone", []).append(await _per_call_us(pipeline.predict, batches))
+        inside[0] = 0.0
+        pipeline.predict = pipeline_timed  # type: ignore[method-assign]
+        whole = await _per_call_us(lambda body: _call(app, body, state), bodies)
+        pipeline.predict = real_pipeline  # type: ignore[method-assign]
+        rounds.setdefault("whole request", []).append(whole)
+        rounds.setdefault("FeatureRunner predict, in the request", []).append(inside[0] / len(bodies) * 1e6)
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    entries = [f"{i} {type(layer).__name__}" for i, layer in enumerate(chain)]
+    own = {e: med[e] - (med[entries[i + 1]] if i + 1 < len(entries) else 0.0) for i, e in enumerate(entries)}
+    return {
+        "layers_own_us": {e.split(" ", 1)[1]: round(v, 2) for e, v in own.items()},
+        "layers_total_us": round(med[entries[0]], 2),
+        "gateway_core_own_us": round(med["gateway core"], 2),
+        "feature_predict_alone_us": round(med["FeatureRunner predict, alone"], 2),
+        "feature_predict_in_request_us": round(med["FeatureRunner predict, in the request"], 2),
+        "whole_request_us": round(med["whole request"], 2),
+    }
+
+
+def _print_stubbed(out: dict[str, Any]) -> None:
+    print("each layer's own cost (the gateway core answering a kept answer), outermost first:")
+    for name, us in out["layers_own_us"].items():
+        print(f"  {us:7.1f} us  {name}")
+    print(f"  {out['layers_total_us']:7.1f} us  all ASGI layers")
+    print(f"  {out['gateway_core_own_us']:7.1f} us  gateway core (the FeatureRunner answering a kept answer)")
+    print(
+        f"FeatureRunner predict (sampling, fetch, the model runner): {out['feature_predict_alone_us']:.1f} us alone, "
+        f"{out['feature_predict_in_request_us']:.1f} us inside whole requests of {out['whole_request_us']:.1f} us"
+    )
+
+
 async def measure(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
     apps: dict[str, App] = {}
     if args.only in (None, "B5"):
@@ -202,6 +308,7 @@ def main() -> None:
     ap.add_argument("--layers", action="store_true", help="the co-located app's time per layer (py-spy)")
     ap.add_argument("--nonblocking", action="store_true", help="--layers with py-spy's --nonblocking")
     ap.add_argument("--targets", type=int, default=1, help="node ids per request (256: T3's bulk request)")
+    ap.add_argument("--stubbed", action="store_true", help="each layer's own cost, timed (see above)")
     args = ap.parse_args()
     if args.layers and shutil.which("py-spy") is None:
         raise SystemExit("--layers needs py-spy: pip install -e '.[bench]'")
@@ -221,7 +328,7 @@ def main() -> None:
             )
             import uvloop
 
-            out = uvloop.run(measure(args, num_nodes))
+            out = uvloop.run(stubbed(args, num_nodes) if args.stubbed else measure(args, num_nodes))
         finally:
             if redis is not None:
                 redis.stop()
@@ -233,6 +340,8 @@ def main() -> None:
         "targets": args.targets,
         "nonblocking": args.nonblocking,
     }
+    if args.stubbed:
+        _print_stubbed(out)
     for name in ("colocated", "B5"):
         if name in out:
             s = out[name]
@@ -249,7 +358,8 @@ def main() -> None:
     for name, ms in out.get("layers_ms", {}).items():
         print(f"  {ms * 1e3:7.1f} us  {name}")
     if args.only is None:
-        results = RESULTS if args.targets == 1 else RESULTS.with_name(f"request_layers_{args.targets}.json")
+        stem = "request_layers_stubbed" if args.stubbed else "request_layers"
+        results = RESULTS.with_name(f"{stem}.json" if args.targets == 1 else f"{stem}_{args.targets}.json")
         results.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {results.relative_to(ROOT)}")
 
