@@ -7,6 +7,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+from common.metric_tally import TALLY
 from common.metrics import LATENCY_BUCKETS, labelled
 
 # The largest probability difference of a compared prediction: 0 when a shadow is the same version.
@@ -49,9 +50,9 @@ class GatewayPrometheus:
 
     def answered(self, model: str, outcome: str, seconds: float | None) -> None:
         m = gateway_metrics()
-        labelled(m.requests, model, outcome).inc()
+        TALLY.inc(labelled(m.requests, model, outcome))
         if seconds is not None:
-            labelled(m.latency, model, outcome).observe(seconds)
+            TALLY.observe(labelled(m.latency, model, outcome), seconds)
 
     def breakers(self, feature_state: int, model_state: int) -> None:
         m = gateway_metrics()

@@ -1,5 +1,6 @@
-"""BentoML's per-request metrics middleware, patched to keep its labelled children: the same
-samples as BentoML's own ``__call__`` on the same requests, and nothing asked twice."""
+"""BentoML's per-request metrics middleware, patched to keep its labelled children and to count
+through the metric tally: the same samples as BentoML's own ``__call__`` on the same requests once
+the tally is applied, nothing asked twice, and a ``/metrics`` request applies it first."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 
 from common.bento import request_metrics
+from common.metric_tally import TALLY
 
-ANSWERS = {"/predict": 200, "/missing": 404, "/healthz": 200, "/fails": 500}
+ANSWERS = {"/predict": 200, "/missing": 404, "/healthz": 200, "/fails": 500, "/metrics": 200}
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -47,8 +49,11 @@ def _requests(mw: Any, call: Any, paths: list[str]) -> list[int]:
     return statuses
 
 
-def _samples(mw: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every counted sample (no durations' sums or buckets, no creation times, no timestamps)."""
+def _samples(mw: Any, flush: bool = True) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every counted sample (no durations' sums or buckets, no creation times, no timestamps),
+    with the tally applied first as a scrape of ``/metrics`` applies it (unless ``flush`` is off)."""
+    if flush:
+        TALLY.flush()
     out = {}
     for metric in (mw.metrics_request_total, mw.metrics_request_duration, mw.metrics_request_in_progress):
         for family in metric.collect():
@@ -118,3 +123,35 @@ def test_a_skipped_path_leaves_the_last_request_time_alone(middleware):
     assert stamps() == before
     _requests(middleware, request_metrics._call, ["/predict"])
     assert stamps() != before
+
+
+def test_a_metrics_request_applies_the_pending_counts_first(middleware):
+    before = _samples(middleware)
+    counted = ("request_total", "/predict")
+
+    async def go() -> tuple[dict, dict]:  # one loop: the tally's timer cannot fire in between
+        for _ in range(4):
+            await request_metrics._call(
+                middleware, {"type": "http", "path": "/predict", "method": "POST"}, _receive, _ignore
+            )
+        pending = _samples(middleware, flush=False)
+        await request_metrics._call(
+            middleware, {"type": "http", "path": "/metrics", "method": "GET"}, _receive, _ignore
+        )
+        return pending, _samples(middleware, flush=False)
+
+    pending, scraped = asyncio.run(go())
+
+    def predict_total(samples: dict) -> float:
+        return sum(v for k, v in samples.items() if k[0].endswith(counted[0]) and ("endpoint", counted[1]) in k[1])
+
+    assert predict_total(pending) == predict_total(before)
+    assert predict_total(scraped) == predict_total(before) + 4
+
+
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _ignore(message: dict[str, Any]) -> None:
+    pass

@@ -11,6 +11,10 @@ same metrics, labels and values (``tests/test_request_metrics.py`` compares both
 requests), at less cost per request in every service of every hop
 (``python bench/bench_request_layers.py --stubbed`` prints each layer's own cost).
 
+The answer's count and duration go through the metric tally (``common.metric_tally``): applied
+together at most its period later, and at once before this worker serves ``/metrics``, which the
+patched ``__call__`` does first. The in-progress gauge and the last-request timestamp stay live.
+
 The children are kept as long as BentoML's metric keeps them (it never drops one); the map of
 them is bounded all the same, since an endpoint label is the request's path, which the client
 chooses. WebSocket traffic and ``/metrics`` take BentoML's own path, unchanged.
@@ -22,6 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from timeit import default_timer
 from typing import Any
+
+from common.metric_tally import TALLY
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,8 @@ class _Children:
 async def _call(self: Any, scope: MutableMapping[str, Any], receive: Any, send: Send) -> None:
     assert _original is not None
     if scope["type"] != "http" or scope["path"] == "/metrics":
+        if scope["type"] == "http":  # this worker's pending updates, in the scrape it serves
+            TALLY.flush()
         return await _original(self, scope, receive, send)
     if not self._is_setup:
         self._setup()
@@ -101,8 +109,8 @@ async def _call(self: Any, scope: MutableMapping[str, Any], receive: Any, send: 
             status = message["status"]
         elif kind == "http.response.body" and not message.get("more_body"):
             total, duration = children.answered(status)
-            total.inc()
-            duration.observe(max(default_timer() - started, 0))
+            TALLY.inc(total)
+            TALLY.observe(duration, max(default_timer() - started, 0))
         await send(message)
 
     # BentoML's own wraps ``receive`` only to count WebSocket messages: an HTTP one passes as is.

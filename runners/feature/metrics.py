@@ -10,6 +10,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+from common.metric_tally import TALLY
 from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, labelled
 from runners.feature.neighbourhood import BatchTimings
 
@@ -122,29 +123,29 @@ class PrometheusObserver:
     """``runners.feature.pipeline.FeatureObserver`` on these metrics."""
 
     def batch(self, timings: BatchTimings, l2_errors: int) -> None:
-        m, t = feature_metrics(), timings
-        labelled(m.stage, "sample").observe(t.sample_s)
-        labelled(m.stage, "l1").observe(t.fetch.l1_s)
+        m, t, tally = feature_metrics(), timings, TALLY
+        tally.observe(labelled(m.stage, "sample"), t.sample_s)
+        tally.observe(labelled(m.stage, "l1"), t.fetch.l1_s)
         if t.fetch.l2_s:
-            labelled(m.stage, "l2").observe(t.fetch.l2_s)
+            tally.observe(labelled(m.stage, "l2"), t.fetch.l2_s)
         if t.fetch.origin_s:
-            labelled(m.stage, "origin").observe(t.fetch.origin_s)
+            tally.observe(labelled(m.stage, "origin"), t.fetch.origin_s)
         # The whole retrieval of the batch (L1 + L2 + origin): its P99 is the SLO, and a sum of the
         # levels' P99s would only bound it from above.
-        labelled(m.stage, "fetch").observe(t.fetch.l1_s + t.fetch.l2_s + t.fetch.origin_s)
-        labelled(m.stage, "assemble").observe(t.assemble_s)
-        labelled(m.lookups, "l1").inc(t.fetch.l1_hits)
-        labelled(m.lookups, "l2").inc(t.fetch.l2_hits)
-        labelled(m.lookups, "origin").inc(t.fetch.origin_hits)
-        m.batch_targets.observe(t.targets)
+        tally.observe(labelled(m.stage, "fetch"), t.fetch.l1_s + t.fetch.l2_s + t.fetch.origin_s)
+        tally.observe(labelled(m.stage, "assemble"), t.assemble_s)
+        tally.inc(labelled(m.lookups, "l1"), t.fetch.l1_hits)
+        tally.inc(labelled(m.lookups, "l2"), t.fetch.l2_hits)
+        tally.inc(labelled(m.lookups, "origin"), t.fetch.origin_hits)
+        tally.observe(m.batch_targets, t.targets)
         if t.fetch.scan:
-            m.scans.inc()
+            tally.inc(m.scans)
         if l2_errors:
-            m.l2_errors.inc(l2_errors)
+            tally.inc(m.l2_errors, l2_errors)
 
     def tensor_bytes(self, size: int) -> None:
-        feature_metrics().bytes.observe(size)
+        TALLY.observe(feature_metrics().bytes, size)
 
     @staticmethod
     def l1_fill(seconds: float) -> None:
-        labelled(feature_metrics().stage, "l1_fill").observe(seconds)
+        TALLY.observe(labelled(feature_metrics().stage, "l1_fill"), seconds)

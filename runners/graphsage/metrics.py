@@ -11,6 +11,7 @@ import functools
 from types import SimpleNamespace
 
 from common.batching import BatchStats
+from common.metric_tally import TALLY
 from common.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, labelled
 
 
@@ -42,11 +43,11 @@ class PrometheusObserver:
     """``runners.graphsage.core.ModelRunnerObserver`` on these metrics."""
 
     def batch(self, stats: BatchStats) -> None:
-        m = model_metrics()
-        m.batches.inc()
-        m.batch_targets.observe(stats.last_batch_units)
-        m.queue.observe(stats.last_batch_queue_s)
-        m.compute.observe(stats.last_batch_compute_s)
+        m, tally = model_metrics(), TALLY
+        tally.inc(m.batches)
+        tally.observe(m.batch_targets, stats.last_batch_units)
+        tally.observe(m.queue, stats.last_batch_queue_s)
+        tally.observe(m.compute, stats.last_batch_compute_s)
 
     def answered(self, model: str, backend: str) -> None:
-        labelled(model_metrics().requests, model, backend).inc()
+        TALLY.inc(labelled(model_metrics().requests, model, backend))
