@@ -85,9 +85,10 @@ class _Children:
 
 async def _call(self: Any, scope: MutableMapping[str, Any], receive: Any, send: Send) -> None:
     assert _original is not None
-    if scope["type"] != "http" or scope["path"] == "/metrics":
-        if scope["type"] == "http":  # this worker's pending updates, in the scrape it serves
-            TALLY.flush()
+    if scope["type"] != "http":
+        return await _original(self, scope, receive, send)
+    if scope["path"] == "/metrics":
+        TALLY.flush()  # this worker's pending updates, in the scrape it serves
         return await _original(self, scope, receive, send)
     if not self._is_setup:
         self._setup()
