@@ -1,8 +1,9 @@
 """Where the co-located app's time at c=1 goes beside B5's, with no socket: both ASGI apps called
 in this process (prints numbers, never asserts).
 
-    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers [--nonblocking]] [--targets 1]
+    python bench/bench_request_layers.py [--calls 3000] [--rounds 4] [--redis] [--layers [--nonblocking]] [--targets 1] [--sweep-mb 0]
     python bench/bench_request_layers.py --stubbed [--targets 1]
+    python bench/bench_request_layers.py --knockout [--targets 1]
 
 ``bench.suite.ab --colocated --baseline B5`` measures both over HTTP, from a client; this calls the
 same two ASGI apps directly, one request at a time on one uvloop loop, in interleaved rounds: the
@@ -28,12 +29,26 @@ cost. Then the gateway core's own cost (the FeatureRunner answering a kept answe
 FeatureRunner's ``predict`` timed alone, back to back, against the same call timed inside whole
 requests: the same work costs more between the layers than in a tight loop (caches and branch
 predictors shared with the rest of the request), which a sum of layer costs measured alone misses.
+It also times whole requests with the FeatureRunner answering a kept answer: the whole request
+minus that and minus the FeatureRunner alone is what the composition costs beyond its parts.
+
+``--knockout`` (no B5): the co-located app whole, and with one layer left out (each of BentoML's
+middlewares but the error handler, the gateway's guard, the metric tally's updates), in
+interleaved windows: what each layer costs in place, cache effects included. A layer left out
+does its work for no request of that window (no metrics, no trace, no access log, no guard), so
+this is a measurement, never a deployment.
+
+``--sweep-mb N``: before each request of both sides, outside its figures, a read of N MB: each
+request then starts on caches that other work has used, as between two requests over HTTP,
+where the client, the kernel and other tenants run in the gap. Which side's own code suffers
+more from cold caches.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -46,6 +61,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -116,10 +133,21 @@ async def _started(app: App) -> dict[str, Any]:
     return state
 
 
-async def _window(app: App, state: dict[str, Any], bodies: list[bytes]) -> dict[str, float]:
+async def _window(
+    app: App, state: dict[str, Any], bodies: list[bytes], sweep: np.ndarray | None = None
+) -> dict[str, float]:
+    """One request after another. ``sweep``: an array read before each request, outside its
+    figures, so that each starts on caches another workload has used (as between two requests at
+    c=1 over HTTP, where the client, the kernel and other tenants run in the gap)."""
     latencies = []
+    cpu_swept = wall_swept = 0.0
     cpu, wall = time.process_time(), time.perf_counter()
     for body in bodies:
+        if sweep is not None:
+            cpu_before, wall_before = time.process_time(), time.perf_counter()
+            sweep.sum()
+            cpu_swept += time.process_time() - cpu_before
+            wall_swept += time.perf_counter() - wall_before
         started = time.perf_counter()
         if await _call(app, body, state) != 200:
             raise RuntimeError("a request failed")
@@ -127,10 +155,10 @@ async def _window(app: App, state: dict[str, Any], bodies: list[bytes]) -> dict[
     latencies.sort()
     n = len(latencies)
     return {
-        "mean_ms": (time.perf_counter() - wall) / n * 1e3,
+        "mean_ms": (time.perf_counter() - wall - wall_swept) / n * 1e3,
         "p50_ms": latencies[n // 2] * 1e3,
         "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3,
-        "cpu_ms": (time.process_time() - cpu) / n * 1e3,
+        "cpu_ms": (time.process_time() - cpu - cpu_swept) / n * 1e3,
     }
 
 
@@ -228,6 +256,9 @@ async def stubbed(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
         core.predict = real_core  # type: ignore[method-assign]
         pipeline.predict = packed_kept  # type: ignore[method-assign]
         rounds.setdefault("gateway core", []).append(await _per_call_us(core.predict, requests))
+        rounds.setdefault("whole request, FeatureRunner kept", []).append(
+            await _per_call_us(lambda body: _call(app, body, state), bodies)
+        )
         pipeline.predict = real_pipeline  # type: ignore[method-assign]
         rounds.setdefault("FeatureRunner predict, alone", []).append(await _per_call_us(pipeline.predict, batches))
         inside[0] = 0.0
@@ -246,7 +277,80 @@ async def stubbed(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
         "feature_predict_alone_us": round(med["FeatureRunner predict, alone"], 2),
         "feature_predict_in_request_us": round(med["FeatureRunner predict, in the request"], 2),
         "whole_request_us": round(med["whole request"], 2),
+        "whole_request_feature_kept_us": round(med["whole request, FeatureRunner kept"], 2),
     }
+
+
+KNOCKED_OUT = (
+    "RunnerTrafficMetricsMiddleware",
+    "OpenTelemetryMiddleware",
+    "AccessLogMiddleware",
+    "TimeoutMiddleware",
+    "MaxConcurrencyMiddleware",
+    "HttpGuard",
+)
+
+
+async def knockout(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
+    """``--knockout``: the co-located app whole, and with one layer left out per side, in
+    interleaved windows: what each layer costs in place, with the caches as the rest of the
+    request leaves them (``--stubbed`` times each alone, warm)."""
+    from common.metric_tally import TALLY
+    from services.gateway import Gateway
+
+    app = Gateway.to_asgi()
+    state = await _started(app)
+    n = args.targets
+    bodies = [
+        json.dumps({"node_ids": [(i * n + j) * 7919 % num_nodes for j in range(n)], "seed": 5}).encode()
+        for i in range(args.calls)
+    ]
+    await _window(app, state, bodies[: args.calls // 4])
+    chain = _asgi_chain(app)
+    sides: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {"whole": (lambda: None, lambda: None)}
+    for outer, layer in itertools.pairwise(chain):
+        if type(layer).__name__ in KNOCKED_OUT:
+            attr = "middleware_stack" if type(outer).__name__ == "Starlette" else "app"
+            sides[f"without {type(layer).__name__}"] = (
+                lambda o=outer, a=attr, inner=layer.app: setattr(o, a, inner),
+                lambda o=outer, a=attr, kept=layer: setattr(o, a, kept),
+            )
+    kept_updates = TALLY.observe, TALLY.inc
+
+    def no_updates() -> None:
+        TALLY.observe = TALLY.inc = lambda *_a, **_k: None  # type: ignore[method-assign,assignment]
+
+    def updates_back() -> None:
+        TALLY.observe, TALLY.inc = kept_updates  # type: ignore[method-assign]
+
+    sides["without the metric tally's updates"] = (no_updates, updates_back)
+    windows: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    order = list(sides)
+    for r in range(args.rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            leave_out, put_back = sides[name]
+            leave_out()
+            try:
+                windows[name].append(await _window(app, state, bodies))
+            finally:
+                put_back()
+    med = {name: {k: statistics.median(w[k] for w in ws) for k in ("p50_ms", "cpu_ms")} for name, ws in windows.items()}
+    whole = med["whole"]
+    return {
+        "whole": {k: round(v, 4) for k, v in whole.items()},
+        "saved_us": {
+            name: {k: round((whole[k] - m[k]) * 1e3, 1) for k in ("p50_ms", "cpu_ms")}
+            for name, m in med.items()
+            if name != "whole"
+        },
+    }
+
+
+def _print_knockout(out: dict[str, Any]) -> None:
+    w = out["whole"]
+    print(f"the co-located app whole: P50 {w['p50_ms'] * 1e3:.1f} us, CPU {w['cpu_ms'] * 1e3:.1f} us per request")
+    for name, saved in out["saved_us"].items():
+        print(f"  {saved['cpu_ms']:6.1f} us CPU, {saved['p50_ms']:6.1f} us P50 less  {name}")
 
 
 def _print_stubbed(out: dict[str, Any]) -> None:
@@ -258,6 +362,11 @@ def _print_stubbed(out: dict[str, Any]) -> None:
     print(
         f"FeatureRunner predict (sampling, fetch, the model runner): {out['feature_predict_alone_us']:.1f} us alone, "
         f"{out['feature_predict_in_request_us']:.1f} us inside whole requests of {out['whole_request_us']:.1f} us"
+    )
+    kept, alone = out["whole_request_feature_kept_us"], out["feature_predict_alone_us"]
+    print(
+        f"whole request with the FeatureRunner answering a kept answer: {kept:.1f} us; with that and the "
+        f"FeatureRunner alone ({kept + alone:.1f} us), a whole request costs {out['whole_request_us'] - kept - alone:+.1f} us more"
     )
 
 
@@ -281,9 +390,10 @@ async def measure(args: argparse.Namespace, num_nodes: int) -> dict[str, Any]:
         await _window(app, states[name], bodies[: args.calls // 4])
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in apps}
     order = list(apps)
+    sweep = np.ones(args.sweep_mb * 2**20 // 4, np.float32) if args.sweep_mb else None
     for r in range(args.rounds):
         for name in order if r % 2 == 0 else order[::-1]:
-            rounds[name].append(await _window(apps[name], states[name], bodies))
+            rounds[name].append(await _window(apps[name], states[name], bodies, sweep))
     out: dict[str, Any] = {}
     for name, windows in rounds.items():
         out[name] = {k: round(statistics.median(w[k] for w in windows), 4) for k in windows[0]}
@@ -309,6 +419,8 @@ def main() -> None:
     ap.add_argument("--nonblocking", action="store_true", help="--layers with py-spy's --nonblocking")
     ap.add_argument("--targets", type=int, default=1, help="node ids per request (256: T3's bulk request)")
     ap.add_argument("--stubbed", action="store_true", help="each layer's own cost, timed (see above)")
+    ap.add_argument("--knockout", action="store_true", help="each layer's cost in place (see above)")
+    ap.add_argument("--sweep-mb", type=int, default=0, help="read this many MB before each request (see above)")
     args = ap.parse_args()
     if args.layers and shutil.which("py-spy") is None:
         raise SystemExit("--layers needs py-spy: pip install -e '.[bench]'")
@@ -328,7 +440,8 @@ def main() -> None:
             )
             import uvloop
 
-            out = uvloop.run(stubbed(args, num_nodes) if args.stubbed else measure(args, num_nodes))
+            mode = stubbed if args.stubbed else knockout if args.knockout else measure
+            out = uvloop.run(mode(args, num_nodes))
         finally:
             if redis is not None:
                 redis.stop()
@@ -339,9 +452,12 @@ def main() -> None:
         "nodes": num_nodes,
         "targets": args.targets,
         "nonblocking": args.nonblocking,
+        "sweep_mb": args.sweep_mb,
     }
     if args.stubbed:
         _print_stubbed(out)
+    if args.knockout:
+        _print_knockout(out)
     for name in ("colocated", "B5"):
         if name in out:
             s = out[name]
@@ -358,8 +474,9 @@ def main() -> None:
     for name, ms in out.get("layers_ms", {}).items():
         print(f"  {ms * 1e3:7.1f} us  {name}")
     if args.only is None:
-        stem = "request_layers_stubbed" if args.stubbed else "request_layers"
-        results = RESULTS.with_name(f"{stem}.json" if args.targets == 1 else f"{stem}_{args.targets}.json")
+        stem = "request_layers" + ("_stubbed" if args.stubbed else "_knockout" if args.knockout else "")
+        suffix = (f"_{args.targets}" if args.targets != 1 else "") + (f"_sweep{args.sweep_mb}" if args.sweep_mb else "")
+        results = RESULTS.with_name(f"{stem}{suffix}.json")
         results.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {results.relative_to(ROOT)}")
 
