@@ -95,10 +95,15 @@ class HttpGuard:
         decision = await self.access.limiter.acquire(principal.name)
         if not decision.allowed:
             return await send_error(send, rate_limited(decision.retry_after_s))
+        if length is not None and "transfer-encoding" not in headers:
+            # Framed by its Content-Length, checked above: the HTTP server hands on no byte past
+            # it (a further byte starts the next request), so there is nothing to count.
+            return await self.app(scope, receive, send)
         await self._forward(scope, receive, send)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``app`` with the body counted as it streams in: 413 once past ``max_body_bytes``."""
+        """``app`` with the body counted as it streams in (chunked, no Content-Length): 413 once
+        past ``max_body_bytes``."""
         seen = 0
         started = False
 

@@ -48,6 +48,9 @@ def gateway_metrics() -> SimpleNamespace:
 class GatewayPrometheus:
     """``services.core.GatewayObserver`` on the metrics above, and the accepted graph ops."""
 
+    def __init__(self) -> None:
+        self._breaker_states: tuple[int, int] | None = None  # as last set on the gauges
+
     def answered(self, model: str, outcome: str, seconds: float | None) -> None:
         m = gateway_metrics()
         TALLY.inc(labelled(m.requests, model, outcome))
@@ -55,9 +58,14 @@ class GatewayPrometheus:
             TALLY.observe(labelled(m.latency, model, outcome), seconds)
 
     def breakers(self, feature_state: int, model_state: int) -> None:
+        """Called after every request; the gauges are set when a state differs from what they
+        hold (each set is a write of the worker's metrics file under a lock)."""
+        if (feature_state, model_state) == self._breaker_states:
+            return
         m = gateway_metrics()
         labelled(m.breaker, "feature-runner").set(feature_state)
         labelled(m.breaker, "model-runner").set(model_state)
+        self._breaker_states = (feature_state, model_state)
 
     @staticmethod
     def graph_ops(op: str, n: int) -> None:

@@ -113,3 +113,49 @@ def test_the_projects_errors_pass_untouched_and_bentomls_own_get_the_one_shape()
         doc = ErrorBody.model_validate_json(body)
         assert (start["status"], doc.status, doc.error, doc.type) == (status, status, message, kind)
         assert (dict(start["headers"]).get(b"retry-after") == b"1") == (status == 503)
+
+
+def streamed(headers, chunks, max_body_bytes=10):
+    """The guard with a ``max_body_bytes`` limit over an app that reads the whole body, the body
+    arriving in ``chunks``: (status, the bytes the app read)."""
+    sent, read = [], []
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    async def app(scope, receive, send):
+        more = True
+        while more:
+            message = await receive()
+            read.append(message["body"])
+            more = message["more_body"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    access = GatewayAccess.of(ApiKeyAuth([KeyEntry("k", hash_key(KEY), SCOPES)]), LocalRateLimiter(0, 1))
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/predict",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+    }
+    asyncio.run(HttpGuard(app, access, max_body_bytes=max_body_bytes)(scope, receive, send))
+    return sent[0]["status"], b"".join(read)
+
+
+def test_a_body_past_the_limit_is_refused_by_its_length_or_as_it_streams():
+    """A Content-Length over the limit: 413 before the app reads a byte. No Content-Length
+    (chunked): counted as it streams, 413 once past the limit. With a Transfer-Encoding beside a
+    Content-Length the body is counted too (the server frames it by the encoding, so the length
+    it declares bounds nothing)."""
+    auth = [JSON_TYPE, ("X-API-Key", KEY)]
+    assert streamed([*auth, ("Content-Length", "11")], [b"x" * 11]) == (413, b"")
+    assert streamed([*auth, ("Content-Length", "10")], [b"x" * 4, b"x" * 6]) == (200, b"x" * 10)
+    assert streamed(auth, [b"x" * 6, b"x" * 4]) == (200, b"x" * 10)
+    assert streamed(auth, [b"x" * 6, b"x" * 6]) == (413, b"x" * 6)
+    chunked = [*auth, ("Content-Length", "4"), ("Transfer-Encoding", "chunked")]
+    assert streamed(chunked, [b"x" * 6, b"x" * 6]) == (413, b"x" * 6)

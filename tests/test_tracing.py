@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+import uuid
 from typing import ClassVar
 
 import httpx
@@ -29,6 +30,7 @@ def test_a_request_id_is_adopted_when_plain_and_made_otherwise():
     for bad in (None, "", "x" * 65, "two words", "a\r\nb"):
         made = request_context.adopt(bad)
         assert made != bad and len(made) == 32 and request_context.current() == made
+        assert uuid.UUID(hex=made).version == 4 and uuid.UUID(hex=made).variant == uuid.RFC_4122
 
 
 def test_a_merged_batch_is_a_span_that_links_every_member_and_each_member_leads_to_it(monkeypatch):
