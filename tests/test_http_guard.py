@@ -23,12 +23,15 @@ async def ok(scope, receive, send):
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def run(app, headers, path="/predict", method="POST", body=b'{"node_ids": [1]}'):
-    """The guard over ``app``: (the answer's start message, its body)."""
+def run(app, headers, path="/predict", method="POST", body=b'{"node_ids": [1]}', chunks=None, max_body_bytes=1 << 20):
+    """The guard over ``app``, the body arriving whole or in ``chunks``: (the answer's start
+    message, its body)."""
     sent = []
+    parts = [body] if chunks is None else list(chunks)
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(parts) - 1} for i, c in enumerate(parts)]
 
     async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
+        return messages.pop(0)
 
     async def send(message):
         sent.append(message)
@@ -40,7 +43,7 @@ def run(app, headers, path="/predict", method="POST", body=b'{"node_ids": [1]}')
         "path": path,
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
     }
-    asyncio.run(HttpGuard(app, access, max_body_bytes=1 << 20)(scope, receive, send))
+    asyncio.run(HttpGuard(app, access, max_body_bytes=max_body_bytes)(scope, receive, send))
     start, out = sent
     return start, out["body"]
 
@@ -118,14 +121,7 @@ def test_the_projects_errors_pass_untouched_and_bentomls_own_get_the_one_shape()
 def streamed(headers, chunks, max_body_bytes=10):
     """The guard with a ``max_body_bytes`` limit over an app that reads the whole body, the body
     arriving in ``chunks``: (status, the bytes the app read)."""
-    sent, read = [], []
-    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-
-    async def receive():
-        return messages.pop(0)
-
-    async def send(message):
-        sent.append(message)
+    read = []
 
     async def app(scope, receive, send):
         more = True
@@ -136,15 +132,8 @@ def streamed(headers, chunks, max_body_bytes=10):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    access = GatewayAccess.of(ApiKeyAuth([KeyEntry("k", hash_key(KEY), SCOPES)]), LocalRateLimiter(0, 1))
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/predict",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
-    }
-    asyncio.run(HttpGuard(app, access, max_body_bytes=max_body_bytes)(scope, receive, send))
-    return sent[0]["status"], b"".join(read)
+    start, _ = run(app, headers, chunks=chunks, max_body_bytes=max_body_bytes)
+    return start["status"], b"".join(read)
 
 
 def test_a_body_past_the_limit_is_refused_by_its_length_or_as_it_streams():
