@@ -139,3 +139,62 @@ def test_the_apps_own_timeout_error_is_not_taken_for_the_deadline():
 
     with pytest.raises(TimeoutError, match="a dependency's deadline"):
         _run(_middleware(own_timeout, timeout=30), 1)
+
+
+def _traced_middleware(app, monkeypatch, tracing_on):
+    """OpenTelemetry's ASGI middleware as BentoML builds it (tracing off: every URL excluded, as
+    common.bento.config sets it), after ``traffic.install``, with spans kept in memory."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from common import request_context
+
+    assert traffic.install()
+    monkeypatch.setitem(request_context._tracing, "on", tracing_on)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    excluded = None if tracing_on else ".*"
+    return OpenTelemetryMiddleware(app, excluded_urls=excluded, tracer_provider=provider), exporter
+
+
+HTTP_SCOPE = {"type": "http", "method": "POST", "scheme": "http", "path": "/predict", "query_string": b""}
+HTTP_SCOPE.update(headers=[(b"host", b"127.0.0.1:3000")], server=("127.0.0.1", 3000), client=("127.0.0.1", 40000))
+
+
+def test_with_tracing_off_the_tracing_middleware_hands_each_request_on_as_it_came(monkeypatch):
+    """No span, the same scope, receive and send, and none of the URL work the middleware does
+    for a traced request (its URL builder fails this test if called)."""
+    from opentelemetry.instrumentation import asgi
+
+    handed = []
+
+    async def app(scope, receive, send):
+        handed.append((scope, receive, send))
+
+    mw, exporter = _traced_middleware(app, monkeypatch, tracing_on=False)
+
+    def url_work(*_):
+        raise AssertionError("the URL of an untraced request was built")
+
+    monkeypatch.setattr(asgi, "get_host_port_url_tuple", url_work)
+    scope, receive, send = dict(HTTP_SCOPE), object(), object()
+    asyncio.run(mw(scope, receive, send))
+    assert handed == [(scope, receive, send)] and exporter.get_finished_spans() == ()
+
+
+def test_with_tracing_on_the_tracing_middleware_makes_the_requests_span(monkeypatch):
+    mw, exporter = _traced_middleware(_fast_app, monkeypatch, tracing_on=True)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    asyncio.run(mw(dict(HTTP_SCOPE), receive, send))
+    server = [s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]
+    assert len(server) == 1 and [m["type"] for m in sent] == ["http.response.start", "http.response.body"]

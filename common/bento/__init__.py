@@ -12,7 +12,8 @@ checks that the installed BentoML is a version these modules were written and te
 - ``launch``: the command that starts one service of a bento (``start-http-server``);
 - ``store``: model-store entries read and written, and this process's stores pointed at a BentoML home;
 - ``release``: a bento's container build context and the container backends;
-- ``tracing``: BentoML's tracer provider, for the spans of the gateway's own gRPC server.
+- ``tracing``: BentoML's tracer provider, for the spans of the gateway's own gRPC server;
+- ``untraced``: OpenTelemetry's ASGI middleware passing requests straight on while tracing is off.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from common.bento import request_metrics
+from common.bento import request_metrics, untraced
 from common.deadline import deadline
 from common.errors import ApiError, retry_after, send_error
 
@@ -81,13 +81,15 @@ def middleware_classes() -> tuple[type, type]:
 
 
 def install() -> bool:
-    """Patch both middlewares in this process (idempotent), and BentoML's per-request metrics.
+    """Patch both middlewares in this process (idempotent), BentoML's per-request metrics, and
+    OpenTelemetry's middleware's pass-through while tracing is off (``common.bento.untraced``).
     False, logged, if their shape is not the one this was written for: then BentoML runs
     unpatched."""
     global _installed
     if _installed:
         return True
     request_metrics.install()
+    untraced.install()
     try:
         timeout, concurrency = middleware_classes()
     except ImportError:
